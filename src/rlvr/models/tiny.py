@@ -1,0 +1,130 @@
+"""The tiny default model and its character-level tokenizer, both built locally.
+
+Nothing here downloads anything. The tokenizer is a `tokenizers` WordLevel model over single
+characters (printable ASCII, newline, and a few special tokens), wrapped as a Hugging Face fast
+tokenizer. Its directory carries a `tokenizer_config.json` naming the generic fast-tokenizer
+class, so `AutoTokenizer.from_pretrained(dir)` gives back exactly this tokenizer.
+
+The model is a Llama-architecture causal LM. Qwen2 would do as well numerically, but transformers
+5 loads Qwen2's own tokenizer class for any `qwen2` directory whatever `tokenizer_config.json`
+says (qwen2 is on its list of models with an "incorrect hub tokenizer class"), which silently
+changes how text is split; a Llama config leaves the saved tokenizer alone.
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
+
+PAD_TOKEN = "<|pad|>"
+EOS_TOKEN = "<|endoftext|>"
+UNK_TOKEN = "<|unk|>"
+THINK_TOKENS = ("<think>", "</think>")
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, *THINK_TOKENS)
+CHARACTERS = tuple(dict.fromkeys(string.digits + string.ascii_letters + string.punctuation + " \n"))
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Shape of the tiny Llama-architecture model (about 1 M parameters by default)."""
+
+    hidden_size: int = 128
+    """Width of the residual stream."""
+    num_layers: int = 4
+    """Number of transformer blocks."""
+    num_heads: int = 4
+    """Attention heads (key/value heads are the same number)."""
+    intermediate_size: int = 512
+    """Width of the SwiGLU MLP."""
+    max_positions: int = 256
+    """Longest sequence (prompt + completion) the model accepts."""
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level fast tokenizer: one token per character, special tokens kept whole."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        additional_special_tokens=list(THINK_TOKENS),
+    )
+    tokenizer.padding_side = "left"  # generation batches are left-padded
+    return tokenizer
+
+
+def build_tiny_model(config: TinyModelConfig, tokenizer, seed: int) -> torch.nn.Module:
+    """A freshly initialised Llama-architecture causal LM sized by `config`, seeded by `seed`."""
+    hf_config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads,
+        num_key_value_heads=config.num_heads,
+        max_position_embeddings=config.max_positions,
+        tie_word_embeddings=True,
+        attention_bias=True,  # as Qwen2: a query/key bias lets RoPE attend by relative position
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(hf_config)
+
+
+def save_model(model: torch.nn.Module, tokenizer, directory: str | Path) -> Path:
+    """Save `model` and `tokenizer` as an ordinary Hugging Face directory."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    _pin_tokenizer_class(directory)
+    return directory
+
+
+def _pin_tokenizer_class(directory: Path) -> None:
+    """Name the generic fast class in tokenizer_config.json so AutoTokenizer loads it as is."""
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2))
+
+
+def load_model(directory: str | Path, dtype: torch.dtype = torch.float32):
+    """Load (model, tokenizer) from a local Hugging Face directory; never touches the Hub.
+
+    Raises FileNotFoundError naming what is missing when the directory lacks weights or a
+    tokenizer.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"model directory {directory} does not exist")
+    if not (directory / "config.json").exists():
+        raise FileNotFoundError(f"{directory} has no config.json: not a Hugging Face model")
+    weights = list(directory.glob("*.safetensors")) + list(directory.glob("*.bin"))
+    if not weights:
+        raise FileNotFoundError(f"{directory} has no weights (*.safetensors or *.bin)")
+    if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise FileNotFoundError(f"{directory} has no tokenizer (tokenizer.json)")
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+    return model, tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    """Number of distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in model.parameters())

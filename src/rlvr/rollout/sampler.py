@@ -1,0 +1,123 @@
+"""Batched sampling of G completions per prompt with a KV cache (Hugging Face models).
+
+One prefill over the left-padded prompts, then one cached forward per new token. A completion
+ends at its first EOS (the EOS is part of the completion and of its mask: the model must learn
+to stop); one that reaches `max_new_tokens` without EOS is flagged `truncated`. The log-prob of
+each sampled token under the sampling distribution (logits / temperature) is kept, so that an
+on-policy update needs no second forward pass for the old log-probs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+
+@dataclass
+class RolloutBatch:
+    """G completions for each of B prompts, flattened to N = B*G rows (group-major)."""
+
+    prompt_ids: torch.Tensor  # [N, P] long, left-padded with the pad id
+    prompt_mask: torch.Tensor  # [N, P] long, 1 on prompt tokens
+    completion_ids: torch.Tensor  # [N, T] long, right-padded with the pad id after EOS
+    completion_mask: torch.Tensor  # [N, T] float, 1 up to and including EOS
+    logprobs: torch.Tensor  # [N, T] float, sampling log-probs, 0 where the mask is 0
+    truncated: torch.Tensor  # [N] bool, True where no EOS came within max_new_tokens
+    group_ids: torch.Tensor  # [N] long, index of the prompt each row answers
+    completions: list[str]  # [N] decoded completion text, EOS and padding removed
+
+    @property
+    def lengths(self) -> torch.Tensor:  # [N] completion tokens, EOS included
+        return self.completion_mask.sum(dim=1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: 0 at each row's first real token. [N, L] -> [N, L]."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+@torch.no_grad()
+def sample_completions(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: list[str],
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None = None,
+) -> RolloutBatch:
+    """Sample `num_samples` completions for each prompt; `temperature == 0` means greedy.
+
+    Rows are ordered group-major: rows `i*num_samples ... (i+1)*num_samples - 1` answer
+    `prompts[i]`.
+    """
+    if num_samples < 1 or max_new_tokens < 1:
+        raise ValueError("num_samples and max_new_tokens must be >= 1")
+    device = next(model.parameters()).device
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0).to(device)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
+    n = prompt_ids.shape[0]
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    was_training = model.training
+    model.eval()
+    cache = DynamicCache()
+    attention_mask = prompt_mask
+    out = model(
+        input_ids=prompt_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
+    tokens, logps = [], []
+    finished = torch.zeros(n, dtype=torch.bool, device=device)
+    for _ in range(max_new_tokens):
+        logits = out.logits[:, -1, :].float()
+        if temperature > 0:
+            log_dist = torch.log_softmax(logits / temperature, dim=-1)
+            token = torch.multinomial(log_dist.exp(), 1, generator=generator).squeeze(1)
+        else:
+            log_dist = torch.log_softmax(logits, dim=-1)
+            token = log_dist.argmax(dim=-1)
+        token = torch.where(finished, torch.full_like(token, pad_id), token)
+        tokens.append(token)
+        logps.append(log_dist.gather(1, token[:, None]).squeeze(1).masked_fill(finished, 0.0))
+        finished = finished | (token == eos_id)
+        if bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, (~finished).long()[:, None]], dim=1)
+        out = model(
+            input_ids=token[:, None],
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            cache=cache,
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    model.train(was_training)
+
+    completion_ids = torch.stack(tokens, dim=1)  # [N, T]
+    is_eos = completion_ids == eos_id
+    # 1 up to and including the first EOS; everything after it is padding
+    after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+    completion_mask = (~after_eos).float()
+    truncated = ~is_eos.any(dim=1)
+    # decode up to (not including) EOS; other special tokens such as <think> stay in the text
+    lengths = completion_mask.sum(dim=1).long() - (~truncated).long()
+    texts = [tokenizer.decode(row[:k].tolist()) for row, k in zip(completion_ids, lengths)]
+    return RolloutBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        logprobs=torch.stack(logps, dim=1) * completion_mask,
+        truncated=truncated,
+        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(num_samples),
+        completions=texts,
+    )

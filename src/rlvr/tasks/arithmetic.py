@@ -1,0 +1,154 @@
+"""Seeded synthetic multi-digit arithmetic with short worked solutions.
+
+A problem is `357+468=`; its worked solution goes column by column from the right, writing the
+carry (or borrow) it takes in, then gives the final answer after the task's marker:
+
+    357+468=  ->  7+8+0=15 5+6+1=12 3+4+1=08 #### 825
+    802-469=  ->  2-9-0=-07 0-6-1=-07 8-4-1=+03 #### 333
+
+Every step has the same width (carry always written, column value zero-padded). That is what
+makes the task learnable by a 1 M-parameter model in a minute: the digit to copy from the prompt
+sits at a fixed offset from the step being written, so attention can find it by relative
+position alone. With variable-width steps the same model had not learned to copy after 400
+steps.
+
+The corpus used to "pretrain" the base model contains realistic slips: with probability
+`slip_prob` at each column that should take a carry (borrow), the solution forgets it and
+carries on consistently from the wrong column, so the final answer is wrong. A model trained on
+it solves some problems and not others: the skill exists in the base, and RL has to select it.
+
+Train and held-out problems never coincide: the held-out set is drawn first from its own seed
+and every training draw that lands in it is redrawn.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+ANSWER_MARKER = "####"
+OPERATIONS = ("+", "-")
+
+
+@dataclass(frozen=True)
+class ArithmeticTaskConfig:
+    """Difficulty knobs and seeds of the arithmetic task."""
+
+    digits: int = 3
+    """Digits in each operand (3 gives problems like 357+468)."""
+    operations: tuple[str, ...] = ("+",)
+    """Operations to draw from: '+' and/or '-' (subtraction keeps the result non-negative)."""
+    held_out_size: int = 200
+    """Number of held-out problems (never used for training)."""
+    held_out_seed: int = 1234
+    """Seed of the held-out draw; fixed so that every run evaluates on the same problems."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One arithmetic problem: `a op b`."""
+
+    a: int
+    b: int
+    op: str
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.a}{self.op}{self.b}="
+
+    @property
+    def answer(self) -> str:
+        return str(self.a + self.b if self.op == "+" else self.a - self.b)
+
+
+def worked_solution(
+    problem: Problem, slip_prob: float = 0.0, rng: random.Random | None = None
+) -> str:
+    """Column-by-column solution of `problem` ending in `#### <answer>`.
+
+    With `slip_prob > 0` each carry (borrow) may be dropped; the rest of the solution then follows
+    consistently from the slipped column, so the final answer is wrong. With `slip_prob == 0` the
+    answer equals `problem.answer`.
+    """
+    if slip_prob > 0 and rng is None:
+        raise ValueError("a random.Random is needed when slip_prob > 0")
+    da = [int(c) for c in reversed(str(problem.a))]
+    db = [int(c) for c in reversed(str(problem.b))]
+    width = max(len(da), len(db))
+    da += [0] * (width - len(da))
+    db += [0] * (width - len(db))
+    steps, digits, carry = [], [], 0
+    for x, y in zip(da, db):
+        if carry and slip_prob > 0 and rng.random() < slip_prob:
+            carry = 0  # the slip: the carry/borrow taken in is forgotten
+        if problem.op == "+":
+            value = x + y + carry
+            steps.append(f"{x}+{y}+{carry}={value:02d}")
+            carry = value // 10
+        else:
+            value = x - y - carry
+            steps.append(f"{x}-{y}-{carry}={value:+03d}")
+            carry = int(value < 0)
+        digits.append(value % 10)
+    if problem.op == "+" and carry:
+        digits.append(carry)
+    if problem.op == "-" and carry:  # a slipped borrow can only make the result larger, never < 0
+        raise AssertionError("subtraction produced a borrow out of the top column")
+    answer = int("".join(str(d) for d in reversed(digits)))
+    return " ".join(steps) + f" {ANSWER_MARKER} {answer}"
+
+
+def _draw_problem(rng: random.Random, digits: int, operations: tuple[str, ...]) -> Problem:
+    low, high = 10 ** (digits - 1), 10**digits - 1
+    a, b = rng.randint(low, high), rng.randint(low, high)
+    op = rng.choice(operations)
+    if op == "-" and a < b:
+        a, b = b, a
+    return Problem(a, b, op)
+
+
+def _check_config(config: ArithmeticTaskConfig) -> None:
+    unknown = set(config.operations) - set(OPERATIONS)
+    if unknown or not config.operations:
+        raise ValueError(f"operations must be drawn from {OPERATIONS}, got {config.operations}")
+    if config.digits < 1:
+        raise ValueError(f"digits must be >= 1, got {config.digits}")
+    space = (9 * 10 ** (config.digits - 1)) ** 2 * len(config.operations)
+    if config.held_out_size > space // 4:
+        raise ValueError(
+            f"held_out_size={config.held_out_size} is too large for {config.digits}-digit "
+            f"problems ({space} distinct problems); keep it under a quarter of them"
+        )
+
+
+def held_out_problems(config: ArithmeticTaskConfig) -> list[Problem]:
+    """The fixed held-out set: `held_out_size` distinct problems drawn from `held_out_seed`."""
+    _check_config(config)
+    rng = random.Random(config.held_out_seed)
+    seen: dict[Problem, None] = {}
+    while len(seen) < config.held_out_size:
+        seen.setdefault(_draw_problem(rng, config.digits, config.operations))
+    return list(seen)
+
+
+def train_problems(config: ArithmeticTaskConfig, seed: int) -> Iterator[Problem]:
+    """An endless seeded stream of training problems, none of them in the held-out set."""
+    excluded = set(held_out_problems(config))
+    rng = random.Random(seed)
+    while True:
+        problem = _draw_problem(rng, config.digits, config.operations)
+        if problem not in excluded:
+            yield problem
+
+
+def rows(problems: list[Problem]) -> list[dict[str, str]]:
+    """Task rows (`prompt`, `answer`) as the trainer and reward functions consume them."""
+    return [{"prompt": p.prompt, "answer": p.answer} for p in problems]
+
+
+def max_solution_chars(config: ArithmeticTaskConfig) -> int:
+    """Characters in the longest worked solution: a lower bound for the completion budget."""
+    step = len("9-9-1=-10") if "-" in config.operations else len("9+9+1=19")
+    answer_digits = config.digits + 1
+    return config.digits * (step + 1) + len(ANSWER_MARKER) + 1 + answer_digits
