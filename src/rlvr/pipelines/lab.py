@@ -1,0 +1,262 @@
+"""The lab: R1-Zero in miniature on a laptop CPU.
+
+1. Build a base model that can *sometimes* add: a ~1 M-parameter model trained by next-token
+   prediction on worked solutions, many of which drop a carry. Cached by a hash of its config.
+2. GRPO on the verifiable reward (the strict math verifier) from that base.
+3. Report: metrics, samples, reward curve, summary, final model.
+
+RL adds no knowledge here; it selects the correct procedure that the base shows only sometimes,
+which is the module's claim about R1-Zero.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlvr.models.tiny import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    count_parameters,
+    load_model,
+    save_model,
+)
+from rlvr.report.plots import plot_reward_curve
+from rlvr.report.run_dir import RunDirectory
+from rlvr.tasks import arithmetic
+from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.train.evaluate import held_out_accuracy
+from rlvr.train.grpo import GRPOConfig, check_grpo_config, train_grpo
+from rlvr.train.sft import train_next_token
+from rlvr.verifiers import math as math_verifier
+
+BASE_FORMAT_VERSION = 1  # bump when the corpus or base training changes meaning
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    """How the lab's base model is "pretrained" on a flawed corpus."""
+
+    slip_prob: float = 0.65
+    """Probability that each carry in a corpus solution is dropped (about half end wrong)."""
+    steps: int = 600
+    """Next-token training steps."""
+    batch_size: int = 16
+    """Solutions per step (more, smaller steps learn faster than fewer large ones here)."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate (warm-up then cosine decay to a tenth)."""
+    seed: int = 0
+    """Seed of the initial weights and the corpus."""
+
+
+@dataclass(frozen=True)
+class LabConfig:
+    """`rlvr lab`: build (or reuse) a base model, run GRPO on arithmetic, report."""
+
+    run_name: str = "lab"
+    """Name of the run directory under --runs-dir."""
+    runs_dir: str = "runs"
+    """Where run directories are created."""
+    overwrite: bool = False
+    """Replace an existing run directory of the same name."""
+    model: str | None = None
+    """A local Hugging Face model directory to start from instead of the lab's base model."""
+    seed: int = 0
+    """Seed of the RL run (sampling, data order)."""
+    threads: int = 2
+    """CPU threads for the update (torch.set_num_threads)."""
+    cache_dir: str | None = None
+    """Where base models are cached (default: $RLVR_CACHE or ~/.cache/rlvr)."""
+    eval_samples: int = 4
+    """Sampled completions per held-out problem for the start and end pass@1."""
+    progress: bool = True
+    """Show progress bars."""
+    task: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    base: BaseConfig = field(default_factory=BaseConfig)
+    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=60))
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    if cache_dir:
+        return Path(cache_dir)
+    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
+
+
+def base_model_key(task: ArithmeticTaskConfig, tiny: TinyModelConfig, base: BaseConfig) -> str:
+    """Hash of everything that determines the base model's weights."""
+    payload = {
+        "version": BASE_FORMAT_VERSION,
+        "task": dataclasses.asdict(task),
+        "tiny": dataclasses.asdict(tiny),
+        "base": dataclasses.asdict(base),
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def flawed_corpus(
+    task: ArithmeticTaskConfig, slip_prob: float, seed: int
+) -> Iterator[tuple[str, str]]:
+    """Endless (prompt, worked solution) pairs, a `slip_prob` of carries dropped."""
+    rng = random.Random(seed + 1)
+    for problem in arithmetic.train_problems(task, seed):
+        yield problem.prompt, arithmetic.worked_solution(problem, slip_prob, rng)
+
+
+def build_base_model(
+    task: ArithmeticTaskConfig,
+    tiny: TinyModelConfig,
+    base: BaseConfig,
+    cache_dir: str | None = None,
+    progress: bool = True,
+) -> tuple[Path, bool]:
+    """Return (directory of the base model, whether it came from the cache)."""
+    directory = cache_root(cache_dir) / f"base-{base_model_key(task, tiny, base)}"
+    if (directory / "config.json").exists():
+        return directory, True
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(tiny, tokenizer, seed=base.seed)
+    train_next_token(
+        model,
+        tokenizer,
+        flawed_corpus(task, base.slip_prob, base.seed),
+        steps=base.steps,
+        batch_size=base.batch_size,
+        lr=base.lr,
+        progress=progress,
+    )
+    # write to a temporary name, then rename: a half-written base is never taken for a good one
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tokenizer, tmp)
+    if directory.exists():
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(directory)
+    return directory, False
+
+
+def run_lab(config: LabConfig) -> dict:
+    """The whole lab; returns the summary written to summary.json."""
+    check_grpo_config(config.grpo)
+    min_tokens = arithmetic.max_solution_chars(config.task) + 1  # + EOS
+    if config.grpo.max_new_tokens < min_tokens:
+        raise ValueError(
+            f"grpo.max_new_tokens={config.grpo.max_new_tokens} is below the longest worked "
+            f"solution of this task ({min_tokens} tokens with EOS)"
+        )
+    torch.set_num_threads(config.threads)
+    run = RunDirectory(config.runs_dir, config.run_name, overwrite=config.overwrite)
+    run.write_config(config)
+    start = time.perf_counter()
+
+    # --- base model ------------------------------------------------------------------------
+    if config.model is None:
+        base_dir, cached = build_base_model(
+            config.task, config.tiny, config.base, config.cache_dir, config.progress
+        )
+        _say(config, f"base model: {base_dir} ({'cached' if cached else 'trained'})")
+    else:
+        base_dir = Path(config.model)
+    model, tokenizer = load_model(base_dir)
+    base_seconds = time.perf_counter() - start
+    _say(config, f"{count_parameters(model):,} parameters, base ready in {base_seconds:.0f} s")
+
+    # --- evaluation on the held-out split -------------------------------------------------
+    held_out = arithmetic.rows(arithmetic.held_out_problems(config.task))
+    budget = config.grpo.max_new_tokens
+
+    def evaluate(m: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
+        return {
+            "greedy_acc": held_out_accuracy(m, tokenizer, held_out, math_verifier.score, budget),
+            "sampled_acc": held_out_accuracy(
+                m, tokenizer, held_out, math_verifier.score, budget,
+                temperature=config.grpo.temperature, num_samples=sampled_samples, seed=1,
+            ),
+        }  # fmt: skip
+
+    base_eval = evaluate(model, config.eval_samples)
+    _say(
+        config,
+        f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
+        f"sampled {base_eval['sampled_acc']:.3f}",
+    )
+
+    # --- GRPO ------------------------------------------------------------------------------
+    train_rows = iter(
+        {"prompt": p.prompt, "answer": p.answer}
+        for p in arithmetic.train_problems(config.task, seed=config.seed + 10_000)
+    )
+    rl_start = time.perf_counter()
+    records = train_grpo(
+        model,
+        tokenizer,
+        train_rows,
+        [math_verifier.math_reward],
+        config.grpo,
+        run,
+        evaluate,
+        seed=config.seed,
+        progress=config.progress,
+    )
+    rl_seconds = time.perf_counter() - rl_start
+
+    # --- report ----------------------------------------------------------------------------
+    final_eval = evaluate(model, config.eval_samples)
+    save_model(model, tokenizer, run.model_path)
+    title = _plot_title(config.task, base_eval, final_eval)
+    plot_reward_curve(records, run.path / "reward_curve.png", title=title)
+    steps = [r for r in records if "reward/mean" in r]
+    summary = {
+        "base_model": str(base_dir),
+        "base_greedy_acc": base_eval["greedy_acc"],
+        "base_sampled_acc": base_eval["sampled_acc"],
+        "final_greedy_acc": final_eval["greedy_acc"],
+        "final_sampled_acc": final_eval["sampled_acc"],
+        "sampled_acc_samples_per_problem": config.eval_samples,
+        "held_out_problems": len(held_out),
+        "steps": len(steps),
+        "first_step_reward": steps[0]["reward/mean"] if steps else None,
+        "last_step_reward": steps[-1]["reward/mean"] if steps else None,
+        "base_seconds": base_seconds,
+        "rl_seconds": rl_seconds,
+        "wall_seconds": time.perf_counter() - start,
+        "median_step_seconds": _median([r["time/step_s"] for r in steps]),
+    }
+    run.write_summary(summary)
+    _say(
+        config,
+        f"held-out accuracy: greedy {summary['base_greedy_acc']:.3f} -> "
+        f"{summary['final_greedy_acc']:.3f}, sampled {summary['base_sampled_acc']:.3f} -> "
+        f"{summary['final_sampled_acc']:.3f} in {summary['wall_seconds']:.0f} s; "
+        f"see {run.path}/",
+    )
+    return summary
+
+
+def _plot_title(task: ArithmeticTaskConfig, base: dict, final: dict) -> str:
+    return (
+        f"GRPO on {task.digits}-digit {' '.join(task.operations)}: "
+        f"greedy {base['greedy_acc']:.2f} -> {final['greedy_acc']:.2f}, "
+        f"sampled {base['sampled_acc']:.2f} -> {final['sampled_acc']:.2f}"
+    )
+
+
+def _median(values: list[float]) -> float | None:
+    return sorted(values)[len(values) // 2] if values else None
+
+
+def _say(config: LabConfig, message: str) -> None:
+    if config.progress:
+        print(f"[rlvr] {message}", flush=True)

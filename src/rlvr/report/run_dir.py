@@ -1,0 +1,77 @@
+"""A run is a directory: config.yaml, metrics.jsonl, samples.jsonl, plots, summary.json, model/.
+
+Model-written text is only ever stored as JSON data, never used as a path or a command.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+class RunDirectory:
+    """Paths and writers of one run directory."""
+
+    def __init__(self, root: str | Path, name: str, overwrite: bool = False, resume: bool = False):
+        if not _SAFE_NAME.match(name):
+            raise ValueError(
+                f"run name {name!r} must be 1-100 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        self.path = Path(root) / name
+        if self.path.exists() and any(self.path.iterdir()) and not (overwrite or resume):
+            raise FileExistsError(
+                f"run directory {self.path} already exists; pass --overwrite to replace it "
+                "or choose another --run-name"
+            )
+        if overwrite and self.path.exists():
+            for f in ("metrics.jsonl", "samples.jsonl", "summary.json"):
+                (self.path / f).unlink(missing_ok=True)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def samples_path(self) -> Path:
+        return self.path / "samples.jsonl"
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / "model"
+
+    def write_config(self, config: Any) -> None:
+        data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+        text = yaml.safe_dump(json.loads(json.dumps(data)), sort_keys=False)
+        (self.path / "config.yaml").write_text(text)
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        _append_jsonl(self.metrics_path, record)
+
+    def log_samples(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            _append_jsonl(self.samples_path, record)
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def _append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record, ensure_ascii=True) + "\n")
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    """All records of a JSONL file (an empty list if it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

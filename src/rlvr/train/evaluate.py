@@ -1,0 +1,45 @@
+"""Held-out accuracy: the fraction of sampled (or greedy) completions a verifier accepts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from rlvr.rollout.sampler import sample_completions
+
+
+def held_out_accuracy(
+    model: torch.nn.Module,
+    tokenizer,
+    rows: list[dict[str, str]],
+    score: Callable[[str, str], float],
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    num_samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> float:
+    """Mean of `score(completion, row["answer"])` over `num_samples` completions per row.
+
+    `temperature == 0` is greedy decoding (then one sample per row is enough); with
+    `temperature > 0` the result is pass@1 at that temperature, averaged over the samples. The
+    divisor is `len(rows) * num_samples`.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    per_call = max(1, batch_size // num_samples)
+    correct = 0.0
+    for start in range(0, len(rows), per_call):
+        chunk = rows[start : start + per_call]
+        batch = sample_completions(
+            model,
+            tokenizer,
+            [r["prompt"] for r in chunk],
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            generator=generator,
+        )
+        answers = [r["answer"] for r in chunk for _ in range(num_samples)]
+        correct += sum(score(c, a) for c, a in zip(batch.completions, answers, strict=True))
+    return correct / (len(rows) * num_samples)

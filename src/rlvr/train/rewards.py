@@ -1,0 +1,47 @@
+"""Turn reward functions (TRL's signature) into one reward tensor, never raising."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+RewardFn = Callable[..., Sequence[float | None]]
+
+
+def total_rewards(
+    reward_fns: Sequence[RewardFn],
+    weights: Sequence[float],
+    prompts: list[str],
+    completions: list[str],
+    columns: dict[str, list],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted sum of `reward_fns(prompts, completions, **columns)`: [N] float tensor.
+
+    `None` (not applicable) counts as 0. A function that raises, returns the wrong number of
+    values or a non-finite value scores 0 for the affected rows and is counted in
+    `reward/errors`; the run goes on. Each function's mean is reported as `reward/<name>`.
+    """
+    n = len(completions)
+    total = torch.zeros(n)
+    metrics: dict[str, float] = {}
+    errors = 0
+    for fn, weight in zip(reward_fns, weights, strict=True):
+        name = getattr(fn, "__name__", type(fn).__name__)
+        try:
+            values = list(fn(prompts, completions, **columns))
+            if len(values) != n:
+                raise ValueError(f"{name} returned {len(values)} rewards for {n} completions")
+        except Exception:  # a verifier must never kill the run: score 0 and count it
+            values, errors = [None] * n, errors + n
+        clean = []
+        for v in values:
+            ok = v is None or (isinstance(v, (int, float)) and math.isfinite(v))
+            errors += not ok
+            clean.append(float(v) if ok and v is not None else 0.0)
+        scores = torch.tensor(clean)
+        metrics[f"reward/{name}"] = scores.mean().item()
+        total += weight * scores
+    metrics["reward/errors"] = float(errors)
+    return total, metrics
