@@ -1,0 +1,82 @@
+"""End-to-end smoke of the lab and the CLI on a deliberately tiny configuration."""
+
+import json
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.models.tiny import TinyModelConfig
+from rlvr.pipelines.lab import BaseConfig, build_base_model
+from rlvr.report.run_dir import read_jsonl
+from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+
+TINY = [
+    "--task.digits", "2", "--task.held-out-size", "16",
+    "--tiny.hidden-size", "32", "--tiny.num-layers", "1", "--tiny.num-heads", "2",
+    "--tiny.intermediate-size", "64",
+    "--base.steps", "4", "--base.batch-size", "8",
+    "--grpo.steps", "3", "--grpo.prompts-per-step", "2", "--grpo.group-size", "4",
+    "--grpo.eval-every", "2", "--grpo.max-new-tokens", "30",
+    "--eval-samples", "1", "--no-progress",
+]  # fmt: skip
+
+
+def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    args = ["lab", "--runs-dir", str(runs), "--cache-dir", str(cache), "--run-name", "smoke"]
+    main(args + TINY)
+    run = runs / "smoke"
+    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "reward_curve.png",
+                 "summary.json", "model/config.json"):  # fmt: skip
+        assert (run / name).exists(), name
+
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    assert [m["step"] for m in metrics if "eval/greedy_acc" in m] == [0, 2, 3]
+    for key in ("reward/mean", "reward/std", "frac_zero_std_groups", "completion/len_mean",
+                "policy/clip_frac", "policy/approx_kl", "time/generate_s", "time/verify_s",
+                "time/update_s"):  # fmt: skip
+        assert key in metrics[1], key
+    samples = read_jsonl(run / "samples.jsonl")
+    assert len(samples) == 3 * 4 and {"prompt", "completion", "reward"} <= set(samples[0])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3
+    assert 0 <= summary["final_greedy_acc"] <= 1
+
+    # an existing run directory is never overwritten silently
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        main(args + TINY)
+
+    # the trained model evaluates from its directory
+    capsys.readouterr()
+    main(["eval", "--model", str(run / "model"), "--task.digits", "2",
+          "--task.held-out-size", "16", "--max-new-tokens", "30"])  # fmt: skip
+    result = json.loads(capsys.readouterr().out)
+    assert result["problems"] == 16 and 0 <= result["accuracy"] <= 1
+
+
+def test_base_model_is_cached_by_config_hash(tmp_path):
+    task = ArithmeticTaskConfig(digits=1, held_out_size=5)
+    tiny = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    base = BaseConfig(steps=2, batch_size=4)
+    first, cached_first = build_base_model(task, tiny, base, str(tmp_path), progress=False)
+    second, cached_second = build_base_model(task, tiny, base, str(tmp_path), progress=False)
+    assert (first, cached_first, cached_second) == (second, False, True)
+    other, cached_other = build_base_model(
+        task, tiny, BaseConfig(steps=3, batch_size=4), str(tmp_path), progress=False
+    )
+    assert other != first and not cached_other
+
+
+def test_verify_command_explains_its_grade(capsys):
+    main(["verify", "--completion", "7+8+0=15 #### 15", "--answer", "15"])
+    assert json.loads(capsys.readouterr().out)["reward"] == 1.0
+    main(["verify", "--completion", "<think>#### 15</think>", "--answer", "15"])
+    assert json.loads(capsys.readouterr().out)["reward"] == 0.0
+
+
+def test_unknown_command_and_too_small_budget_are_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["trian"])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        main(["lab", "--runs-dir", str(tmp_path), "--grpo.max-new-tokens", "10", "--no-progress"])
