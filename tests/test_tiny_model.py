@@ -21,7 +21,7 @@ TEXTS = [
 def test_default_model_is_about_one_million_parameters():
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(TinyModelConfig(), tokenizer, seed=0)
-    assert 0.8e6 < count_parameters(model) < 1.3e6
+    assert 0.8e6 < count_parameters(model) < 1.5e6
 
 
 def test_round_trip_through_auto_classes_keeps_tokenization(tmp_path):

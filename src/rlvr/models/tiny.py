@@ -32,15 +32,19 @@ CHARACTERS = tuple(dict.fromkeys(string.digits + string.ascii_letters + string.p
 
 @dataclass(frozen=True)
 class TinyModelConfig:
-    """Shape of the tiny Llama-architecture model (about 1 M parameters by default)."""
+    """Shape of the tiny Llama-architecture model (about 1.2 M parameters by default).
 
-    hidden_size: int = 128
+    Three layers of width 160 learned the lab's task better per second of CPU than four of
+    width 128 (measured: the latter's base still mis-copied digits after the same time).
+    """
+
+    hidden_size: int = 160
     """Width of the residual stream."""
-    num_layers: int = 4
+    num_layers: int = 3
     """Number of transformer blocks."""
     num_heads: int = 4
     """Attention heads (key/value heads are the same number)."""
-    intermediate_size: int = 512
+    intermediate_size: int = 640
     """Width of the SwiGLU MLP."""
     max_positions: int = 256
     """Longest sequence (prompt + completion) the model accepts."""

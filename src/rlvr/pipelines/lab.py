@@ -50,10 +50,10 @@ class BaseConfig:
 
     slip_prob: float = 0.65
     """Probability that each carry in a corpus solution is dropped (about half end wrong)."""
-    steps: int = 600
+    steps: int = 800
     """Next-token training steps."""
     batch_size: int = 16
-    """Solutions per step (more, smaller steps learn faster than fewer large ones here)."""
+    """Solutions per step (800 steps of 16 learned to copy digits; 200 of 64 did not)."""
     lr: float = 2e-3
     """Peak AdamW learning rate (warm-up then cosine decay to a tenth)."""
     seed: int = 0
@@ -85,7 +85,7 @@ class LabConfig:
     task: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
-    grpo: GRPOConfig = field(default_factory=lambda: GRPOConfig(steps=60))
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
 
 def cache_root(cache_dir: str | None) -> Path:

@@ -33,7 +33,7 @@ from rlvr.train.rewards import RewardFn, total_rewards
 class GRPOConfig:
     """Switches of the GRPO update and its sampling."""
 
-    steps: int = 60
+    steps: int = 80
     """Number of GRPO steps (one batch of prompts each)."""
     prompts_per_step: int = 16
     """Prompts per step (B)."""
@@ -44,7 +44,9 @@ class GRPOConfig:
     temperature: float = 1.0
     """Sampling temperature of rollouts (the loss uses the same scaled distribution)."""
     lr: float = 1e-4
-    """AdamW learning rate (constant)."""
+    """AdamW learning rate (constant after warm-up)."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up: Adam's first steps are sign-like and move every weight."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     grad_clip: float = 1.0
@@ -217,6 +219,8 @@ def train_grpo(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, weight_decay=config.weight_decay
     )
+    warmup = max(1, config.warmup_steps)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
 
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -231,6 +235,7 @@ def train_grpo(
             model, ref_model, tokenizer, optimizer, rows, reward_fns, weights, config,
             generator, num_threads,
         )  # fmt: skip
+        schedule.step()
         record: dict[str, Any] = {"step": step, **metrics}
         if step % config.eval_every == 0 or step == config.steps:
             last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
