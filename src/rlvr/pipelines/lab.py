@@ -78,7 +78,7 @@ class LabConfig:
     """CPU threads for the update (torch.set_num_threads)."""
     cache_dir: str | None = None
     """Where base models are cached (default: $RLVR_CACHE or ~/.cache/rlvr)."""
-    eval_samples: int = 4
+    eval_samples: int = 8
     """Sampled completions per held-out problem for the start and end pass@1."""
     progress: bool = True
     """Show progress bars."""

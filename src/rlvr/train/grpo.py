@@ -33,7 +33,7 @@ from rlvr.train.rewards import RewardFn, total_rewards
 class GRPOConfig:
     """Switches of the GRPO update and its sampling."""
 
-    steps: int = 80
+    steps: int = 120
     """Number of GRPO steps (one batch of prompts each)."""
     prompts_per_step: int = 16
     """Prompts per step (B)."""
