@@ -33,7 +33,7 @@ from rlvr.train.rewards import RewardFn, total_rewards
 class GRPOConfig:
     """Switches of the GRPO update and its sampling."""
 
-    steps: int = 120
+    steps: int = 100
     """Number of GRPO steps (one batch of prompts each)."""
     prompts_per_step: int = 16
     """Prompts per step (B)."""
@@ -65,8 +65,8 @@ class GRPOConfig:
     """Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm."""
     scale_rewards: bool = True
     """Divide advantages by the group's std (GRPO); False is Dr. GRPO's r - mean."""
-    eval_every: int = 10
-    """Evaluate held-out accuracy every N steps (and at the first and last step)."""
+    eval_every: int = 20
+    """Evaluate held-out accuracy every N steps (and before the first and after the last)."""
     samples_per_step: int = 4
     """Completions written to samples.jsonl per step."""
     generation_threads: int = 1
