@@ -16,7 +16,7 @@ TINY = [
     "--tiny.intermediate-size", "64",
     "--base.steps", "4", "--base.batch-size", "8",
     "--grpo.steps", "3", "--grpo.prompts-per-step", "2", "--grpo.group-size", "4",
-    "--grpo.eval-every", "2", "--grpo.max-new-tokens", "30",
+    "--grpo.eval-every", "4", "--grpo.max-new-tokens", "30",
     "--eval-samples", "1", "--no-progress",
 ]  # fmt: skip
 
@@ -32,7 +32,8 @@ def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
 
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
-    assert [m["step"] for m in metrics if "eval/greedy_acc" in m] == [0, 2, 3]
+    # evaluated before the start, at powers of two below eval_every, at multiples, at the end
+    assert [m["step"] for m in metrics if "eval/greedy_acc" in m] == [0, 1, 2, 3]
     for key in ("reward/mean", "reward/std", "frac_zero_std_groups", "completion/len_mean",
                 "policy/clip_frac", "policy/approx_kl", "time/generate_s", "time/verify_s",
                 "time/update_s"):  # fmt: skip
@@ -80,3 +81,12 @@ def test_unknown_command_and_too_small_budget_are_refused(tmp_path):
         main(["trian"])
     with pytest.raises(ValueError, match="max_new_tokens"):
         main(["lab", "--runs-dir", str(tmp_path), "--grpo.max-new-tokens", "10", "--no-progress"])
+
+
+def test_eval_schedule_is_dense_early():
+    from rlvr.train.grpo import is_eval_step
+
+    assert [s for s in range(1, 101) if is_eval_step(s, 20, 100)] == [
+        1, 2, 4, 8, 16, 20, 40, 60, 80, 100,
+    ]  # fmt: skip
+    assert [s for s in range(1, 8) if is_eval_step(s, 3, 7)] == [1, 2, 3, 6, 7]

@@ -95,6 +95,9 @@ def main(argv: list[str] | None = None) -> None:
         for name, (_, _, text) in COMMANDS.items():
             print(f"  {name:8s} {text}")
         raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-file load/save bars drown rlvr's own progress
     run, config_type, text = COMMANDS[argv[0]]
     config = tyro.cli(config_type, args=argv[1:], prog=f"rlvr {argv[0]}", description=text)
     run(config)

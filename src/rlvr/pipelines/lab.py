@@ -41,6 +41,7 @@ from rlvr.train.grpo import GRPOConfig, check_grpo_config, train_grpo
 from rlvr.train.sft import train_next_token
 from rlvr.verifiers import math as math_verifier
 
+OPERATION_NAMES = {"+": "addition", "-": "subtraction"}
 BASE_FORMAT_VERSION = 1  # bump when the corpus or base training changes meaning
 
 
@@ -247,7 +248,7 @@ def run_lab(config: LabConfig) -> dict:
 
 def _plot_title(task: ArithmeticTaskConfig, base: dict, final: dict) -> str:
     return (
-        f"GRPO on {task.digits}-digit {' '.join(task.operations)}: "
+        f"GRPO on {task.digits}-digit {'/'.join(OPERATION_NAMES[o] for o in task.operations)}: "
         f"greedy {base['greedy_acc']:.2f} -> {final['greedy_acc']:.2f}, "
         f"sampled {base['sampled_acc']:.2f} -> {final['sampled_acc']:.2f}"
     )

@@ -66,7 +66,8 @@ class GRPOConfig:
     scale_rewards: bool = True
     """Divide advantages by the group's std (GRPO); False is Dr. GRPO's r - mean."""
     eval_every: int = 20
-    """Evaluate held-out accuracy every N steps (and before the first and after the last)."""
+    """Evaluate held-out accuracy every N steps, at steps 1, 2, 4, 8, ... below N (where
+    the curve moves fastest), before the first step and after the last."""
     samples_per_step: int = 4
     """Completions written to samples.jsonl per step."""
     generation_threads: int = 1
@@ -237,7 +238,7 @@ def train_grpo(
         )  # fmt: skip
         schedule.step()
         record: dict[str, Any] = {"step": step, **metrics}
-        if step % config.eval_every == 0 or step == config.steps:
+        if is_eval_step(step, config.eval_every, config.steps):
             last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
             record.update(last_eval)
         record["time/elapsed_s"] = time.perf_counter() - start
@@ -250,6 +251,12 @@ def train_grpo(
             s_per_step=f"{metrics['time/step_s']:.2f}",
         )
     return records
+
+
+def is_eval_step(step: int, every: int, last: int) -> bool:
+    """Multiples of `every`, powers of two below it, and the last step."""
+    power_of_two = step & (step - 1) == 0
+    return step % every == 0 or (step < every and power_of_two) or step == last
 
 
 def _sample_records(
