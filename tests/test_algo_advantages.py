@@ -219,6 +219,12 @@ class TestReinforcePP:
         close(out * CENTRED_BATCH_STD, CENTRED)
         assert (out[5:] == 0).all()
 
+    def test_all_constant_groups_give_zero_not_nan(self):
+        # groups {1, 1} and {0, 0}: every centred reward is 0, batch std of c is 0; eps = 0
+        r = torch.tensor([1.0, 1.0, 0.0, 0.0])
+        ids = torch.tensor([0, 0, 1, 1])
+        assert (advantages_reinforce_pp_baseline(r, ids, eps=0.0) == 0).all()
+
     def test_empty_batch(self):
         empty = torch.zeros(0)
         ids = torch.zeros(0, dtype=torch.long)

@@ -402,7 +402,9 @@ def advantages_reinforce_pp_baseline(
     centred = grpo_advantages(rewards, group_ids, scale=False)  # exact zeros for constant groups
     if centred.numel() == 0:
         return centred
-    return centred / (_sample_std(centred) + eps)
+    divisor = _sample_std(centred) + eps
+    # divisor 0 only when every group is constant and eps = 0: all advantages are then 0
+    return torch.where(divisor > 0, centred / torch.where(divisor > 0, divisor, 1.0), centred)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {

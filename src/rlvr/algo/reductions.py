@@ -21,6 +21,7 @@ __all__ = [
     "aggregate_token_mean",
     "masked_mean",
     "masked_sum",
+    "masked_whiten",
 ]
 
 
@@ -69,6 +70,33 @@ def masked_mean(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     keep = mask.bool()
     count = keep.sum() if dim is None else keep.sum(dim=dim)
     return total / count.clamp(min=1).to(total.dtype)
+
+
+def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-4) -> Tensor:
+    """Normalise ``values`` to zero mean and unit std over *all* masked positions together.
+
+    ``(values - mean) / (std + eps)`` where ``mean`` is :func:`masked_mean` over every nonzero
+    mask entry (all rows pooled, so a long row weighs more than a short one) and ``std`` is the
+    unbiased std over the same ``n`` entries, ``sqrt(sum (v - mean)**2 / (n - 1))`` (0 when
+    ``n <= 1``). Masked-out positions are 0 in the result, and so is everything when all masked
+    values are equal (no 0/0 with ``eps = 0``). Used for PPO's advantage whitening and
+    REINFORCE++'s batch-normalised returns.
+
+    Args:
+        values (Tensor): any shape ``S``.
+        mask (Tensor): shape ``S``; nonzero = included.
+        eps (float): added to the std.
+
+    Returns:
+        Tensor: shape ``S``, whitened values, 0 where ``mask`` is 0.
+    """
+    mean = masked_mean(values, mask)
+    centred = _masked(values - mean, mask)
+    count = mask.bool().sum().clamp(min=2).to(values.dtype)
+    std = torch.sqrt((centred**2).sum() / (count - 1))
+    divisor = std + eps
+    # divisor 0 (all values equal, eps = 0): every centred value is 0 -> 0, not 0/0
+    return torch.where(divisor > 0, centred / torch.where(divisor > 0, divisor, 1.0), centred)
 
 
 def _check_2d(per_token: Tensor, mask: Tensor) -> None:
