@@ -1,6 +1,35 @@
-"""The GRPO policy loss: PPO-clip surrogate + optional KL penalty, aggregated over tokens."""
+"""The policy loss (PPO-clip surrogate + optional KL penalty) and PPO's clipped value loss.
+
+The importance ratio is chosen by name from :data:`RATIO_LEVELS`; each is
+``f(logp[B, T], old_logp[B, T], mask[B, T]) -> ratio[B, T]``:
+
+- ``"token"``: ``r_t = exp(logp_t - old_logp_t)`` (PPO / GRPO / DAPO; the default).
+- ``"sequence"``: GSPO (Zheng et al. 2025, arXiv:2507.18071),
+  ``s_i = exp(mean_t (logp_t - old_logp_t))`` over the row's completion tokens, the same value
+  on every token of the row; gradient ``s_i / |y_i| * grad logp_t`` per token.
+- ``"gspo-token"``: GSPO-token, ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])``: the value is
+  ``s_i`` but the gradient is ``s_i * grad logp_t`` per token, so per-token advantages weigh
+  each token's gradient (with a per-sequence advantage and ``"seq-mean-token-mean"`` it gives
+  exactly GSPO's gradient).
+
+GSPO's objective averages over sequences, i.e. ``aggregation="seq-mean-token-mean"``, and uses
+tiny clip ranges (the paper: ``epsilon_low = 3e-4``, ``epsilon_high = 4e-4``); both stay the
+caller's choice (the recipe sets them).
+
+Clipping, per token, with ``r`` the ratio of the chosen level and ``A`` the advantage::
+
+    clip_loss = max(-A * r, -A * clip(r, 1 - epsilon_low, 1 + epsilon_high))   (PPO)
+    loss      = min(clip_loss, -A * clip_ratio_c)   where A < 0, if clip_ratio_c is given
+              = clip_loss                           otherwise
+
+The second line is dual-clip PPO (Ye et al. 2020; verl's ``clip_ratio_c``): for a negative
+advantage the PPO loss grows without bound in ``r``, so a token whose ratio exploded (``r >
+clip_ratio_c``) gets the constant loss ``-A * clip_ratio_c`` and no gradient.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -8,7 +37,135 @@ from torch import Tensor
 from rlvr.algo.kl import KL_ESTIMATORS, kl_k3
 from rlvr.algo.reductions import AGGREGATIONS, masked_mean
 
-__all__ = ["clipped_surrogate", "policy_loss"]
+__all__ = [
+    "RATIO_LEVELS",
+    "clipped_surrogate",
+    "policy_loss",
+    "ratio_gspo_token",
+    "ratio_sequence",
+    "ratio_surrogate",
+    "ratio_token",
+    "value_loss",
+]
+
+
+# ----------------------------------------------------------------------------- ratio levels
+
+
+def ratio_token(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Ratio level ``"token"``: ``exp(logp - old_logp)`` per token.
+
+    ``mask`` is accepted for the uniform signature and unused: padded positions must hold finite
+    log-probs (``policy_loss`` zeroes them first).
+
+    Args:
+        logp (Tensor): ``[B, T]`` current log-probs (with grad).
+        old_logp (Tensor): ``[B, T]`` sampling log-probs (no grad).
+        mask (Tensor): ``[B, T]``, unused.
+
+    Returns:
+        Tensor: ``[B, T]`` ratios.
+    """
+    del mask
+    return torch.exp(logp - old_logp)
+
+
+def _sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """``[B, 1]`` mean over each row's masked tokens of ``logp - old_logp`` (0 for an empty row)."""
+    return masked_mean(logp - old_logp, mask, dim=1).unsqueeze(-1)
+
+
+def ratio_sequence(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Ratio level ``"sequence"`` (GSPO): ``s_i = exp(mean over row i's tokens of log-ratio)``.
+
+    ``s_i = exp(sum_t mask[i,t] * (logp - old_logp)[i,t] / sum_t mask[i,t])`` — the
+    length-normalised sequence likelihood ratio ``(pi(y_i) / pi_old(y_i)) ** (1 / |y_i|)`` —
+    broadcast to every position of the row (an all-padding row gets 1). Padded positions are
+    selected away, so garbage there does not matter.
+
+    Args:
+        logp (Tensor): ``[B, T]`` current log-probs (with grad).
+        old_logp (Tensor): ``[B, T]`` sampling log-probs (no grad).
+        mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
+
+    Returns:
+        Tensor: ``[B, T]`` ratios, constant along each row.
+    """
+    return torch.exp(_sequence_log_ratio(logp, old_logp, mask)).expand_as(logp)
+
+
+def ratio_gspo_token(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """Ratio level ``"gspo-token"``: ``s_it = sg[s_i] * exp(logp_t - sg[logp_t])``.
+
+    The value equals :func:`ratio_sequence`'s ``s_i`` exactly (``logp_t - sg[logp_t]`` is 0);
+    the gradient is ``d s_it / d logp_t = s_i`` at its own token only, which lets a per-token
+    advantage weigh each token.
+
+    Args:
+        logp (Tensor): ``[B, T]`` current log-probs (with grad).
+        old_logp (Tensor): ``[B, T]`` sampling log-probs (no grad).
+        mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
+
+    Returns:
+        Tensor: ``[B, T]`` ratios, constant in value along each row.
+    """
+    log_s = _sequence_log_ratio(logp, old_logp, mask).detach()  # [B, 1]
+    return torch.exp(log_s + (logp - logp.detach()))  # the bracket is exactly 0 in value
+
+
+RATIO_LEVELS: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "token": ratio_token,
+    "sequence": ratio_sequence,
+    "gspo-token": ratio_gspo_token,
+}
+"""Importance-ratio levels by name; each is ``f(logp, old_logp, mask) -> ratio[B, T]``."""
+
+
+# ----------------------------------------------------------------------------- surrogate
+
+
+def ratio_surrogate(
+    ratio: Tensor,
+    advantages: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    clip_ratio_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token PPO-clip loss of given ratios, with optional dual clip (see the module docstring).
+
+    ``clip_loss = -min(r * A, clip(r, 1 - epsilon_low, 1 + epsilon_high) * A)``; with
+    ``clip_ratio_c`` the loss of a token with ``A < 0`` is ``min(clip_loss, -A * clip_ratio_c)``.
+
+    Args:
+        ratio (Tensor): ``[B, T]`` importance ratios (with grad).
+        advantages (Tensor): ``[B]`` per-sequence (broadcast over tokens) or ``[B, T]``
+            per-token advantages.
+        epsilon_low (float): ratio floor ``1 - epsilon_low``.
+        epsilon_high (float): ratio ceiling ``1 + epsilon_high``.
+        clip_ratio_c (float | None): dual-clip constant (> 1); ``None`` disables it.
+
+    Returns:
+        tuple[Tensor, Tensor, Tensor]: ``per_token_loss`` ``[B, T]``; ``is_clipped`` ``[B, T]``
+        bool, the PPO clip is active (``r > 1 + epsilon_high`` with ``A > 0`` or
+        ``r < 1 - epsilon_low`` with ``A < 0``); ``is_dual_clipped`` ``[B, T]`` bool, ``A < 0``
+        and the dual-clip cap is strictly the smaller (all False without ``clip_ratio_c``).
+    """
+    if advantages.dim() == ratio.dim() - 1:
+        advantages = advantages.unsqueeze(-1)  # [B, 1]
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * advantages
+    per_token_loss = -torch.minimum(unclipped, clipped)
+    is_clipped = ((ratio > 1 + epsilon_high) & (advantages > 0)) | (
+        (ratio < 1 - epsilon_low) & (advantages < 0)
+    )
+    is_dual_clipped = torch.zeros_like(is_clipped)
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c
+        is_dual_clipped = (advantages < 0) & (per_token_loss > cap)
+        per_token_loss = torch.where(
+            advantages < 0, torch.minimum(per_token_loss, cap), per_token_loss
+        )
+    return per_token_loss, is_clipped, is_dual_clipped
 
 
 def clipped_surrogate(
@@ -17,6 +174,8 @@ def clipped_surrogate(
     advantages: Tensor,
     epsilon_low: float,
     epsilon_high: float,
+    *,
+    clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Per-token PPO-clip loss with asymmetric clip range (DAPO's "clip-higher").
 
@@ -38,18 +197,15 @@ def clipped_surrogate(
             per-token advantages are also accepted).
         epsilon_low (float): lower clip width, ratio floor ``1 - epsilon_low``.
         epsilon_high (float): upper clip width, ratio ceiling ``1 + epsilon_high``.
+        clip_ratio_c (float | None): dual-clip constant for ``A < 0`` (see
+            :func:`ratio_surrogate`); ``None`` (default) disables it.
 
     Returns:
         tuple[Tensor, Tensor]: ``per_token_loss`` ``[B, T]`` and ``is_clipped`` ``[B, T]`` bool.
     """
-    if advantages.dim() == logp.dim() - 1:
-        advantages = advantages.unsqueeze(-1)  # [B, 1]
     ratio = torch.exp(logp - old_logp)  # [B, T]
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * advantages
-    per_token_loss = -torch.minimum(unclipped, clipped)
-    is_clipped = ((ratio > 1 + epsilon_high) & (advantages > 0)) | (
-        (ratio < 1 - epsilon_low) & (advantages < 0)
+    per_token_loss, is_clipped, _ = ratio_surrogate(
+        ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c
     )
     return per_token_loss, is_clipped
 
@@ -69,12 +225,17 @@ def policy_loss(
     num_tokens: float | None = None,
     num_seqs: float | None = None,
     max_len: int | None = None,
+    ratio_level: str = "token",
+    clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO policy loss of one (micro-)batch.
 
-    ``per_token = clipped_surrogate(...) + beta * KL_ESTIMATORS[kl_estimator](logp, ref_logp)``
-    (the KL term only when ``beta > 0``), then aggregated over the masked tokens by
-    ``AGGREGATIONS[aggregation]``. What the loss divides by:
+    ``ratio = RATIO_LEVELS[ratio_level](logp, old_logp, mask)``, then
+    ``per_token = ratio_surrogate(ratio, ...) + beta * KL_ESTIMATORS[kl_estimator](logp, ref_logp)``
+    (the KL term only when ``beta > 0``; it is always per token, whatever the ratio level), then
+    aggregated over the masked tokens by ``AGGREGATIONS[aggregation]``. The defaults
+    (``ratio_level="token"``, ``clip_ratio_c=None``) are plain PPO-clip per token. What the loss
+    divides by:
 
     - ``"token-mean"``: the masked-token sum divided by ``num_tokens`` (default: the masked
       tokens of this batch, ``mask.sum()``).
@@ -96,12 +257,16 @@ def policy_loss(
     - ``"policy/approx_kl"``: k3 estimate of ``KL(pi_old || pi)`` (the tokens were sampled from
       ``pi_old``), i.e. ``kl_k3(old_logp, logp)``; how far the update moved the policy.
     - ``"policy/kl_ref"``: the chosen estimator of ``KL(pi || pi_ref)``; only when ``beta > 0``.
-    - ``"policy/ratio_mean"``: mean of ``exp(logp - old_logp)``.
+    - ``"policy/ratio_mean"``: mean of the ratio of ``ratio_level`` (``exp(logp - old_logp)``
+      for ``"token"``; each row's ``s_i`` counted once per token for the sequence levels).
+    - ``"policy/dual_clip_frac"``: fraction of tokens whose loss the dual clip capped; only when
+      ``clip_ratio_c`` is given.
 
     Args:
         logp (Tensor): ``[B, T]`` current-policy log-probs of the sampled tokens (with grad).
         old_logp (Tensor): ``[B, T]`` log-probs under the sampling policy.
-        advantages (Tensor): ``[B]`` per-sequence advantages.
+        advantages (Tensor): ``[B]`` per-sequence advantages (broadcast over tokens) or
+            ``[B, T]`` per-token advantages (e.g. GAE); padded positions are ignored.
         mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
         epsilon_low (float): lower clip width (>= 0).
         epsilon_high (float): upper clip width (>= 0).
@@ -112,12 +277,17 @@ def policy_loss(
         num_tokens (float | None): see ``"token-mean"``.
         num_seqs (float | None): see the ``seq-mean-*`` modes.
         max_len (int | None): see ``"seq-mean-token-sum-norm"``.
+        ratio_level (str): a key of :data:`RATIO_LEVELS`: ``"token"``, ``"sequence"`` or
+            ``"gspo-token"``.
+        clip_ratio_c (float | None): dual-clip constant (> 1) for negative advantages;
+            ``None`` disables the dual clip.
 
     Returns:
         tuple[Tensor, dict[str, float]]: the 0-d loss and the metrics.
 
     Raises:
-        ValueError: unknown ``aggregation`` or ``kl_estimator``; negative ``beta`` or epsilon;
+        ValueError: unknown ``aggregation``, ``kl_estimator`` or ``ratio_level``;
+            ``clip_ratio_c <= 1``; negative ``beta`` or epsilon;
             ``beta > 0`` without ``ref_logp``; mismatched shapes; ``max_len`` missing for
             ``"seq-mean-token-sum-norm"``.
     """
@@ -129,6 +299,12 @@ def policy_loss(
         raise ValueError(
             f"unknown kl_estimator {kl_estimator!r}; expected one of {list(KL_ESTIMATORS)}"
         )
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(
+            f"unknown ratio_level {ratio_level!r}; expected one of {list(RATIO_LEVELS)}"
+        )
+    if clip_ratio_c is not None and not clip_ratio_c > 1:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     if epsilon_low < 0 or epsilon_high < 0:
@@ -140,19 +316,25 @@ def policy_loss(
             raise ValueError(
                 f"{name} shape {tuple(tensor.shape)} must equal logp shape {tuple(logp.shape)}"
             )
-    if logp.dim() != 2 or advantages.shape != logp.shape[:1]:
+    if logp.dim() != 2 or advantages.shape not in (logp.shape[:1], logp.shape):
         raise ValueError(
-            f"expected logp [B, T] and advantages [B], got {tuple(logp.shape)} and "
+            f"expected logp [B, T] and advantages [B] or [B, T], got {tuple(logp.shape)} and "
             f"{tuple(advantages.shape)}"
         )
+    ratio_fn = RATIO_LEVELS[ratio_level]
 
     keep = mask.bool()
     zero = logp.new_zeros(())
     logp = torch.where(keep, logp, zero)
     old_logp = torch.where(keep, old_logp.detach(), zero)
     advantages = advantages.detach()
+    if advantages.dim() == 2:
+        advantages = torch.where(keep, advantages, advantages.new_zeros(()))
 
-    per_token, is_clipped = clipped_surrogate(logp, old_logp, advantages, epsilon_low, epsilon_high)
+    ratio = ratio_fn(logp, old_logp, mask)
+    per_token, is_clipped, is_dual_clipped = ratio_surrogate(
+        ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c
+    )
     kl_ref = None
     if beta > 0:
         assert ref_logp is not None
@@ -168,8 +350,100 @@ def policy_loss(
         metrics = {
             "policy/clip_frac": masked_mean(is_clipped.float(), mask).item(),
             "policy/approx_kl": masked_mean(kl_k3(old_logp, logp), mask).item(),
-            "policy/ratio_mean": masked_mean(torch.exp(logp - old_logp), mask).item(),
+            "policy/ratio_mean": masked_mean(ratio, mask).item(),
         }
+        if clip_ratio_c is not None:
+            metrics["policy/dual_clip_frac"] = masked_mean(is_dual_clipped.float(), mask).item()
         if kl_ref is not None:
             metrics["policy/kl_ref"] = masked_mean(kl_ref, mask).item()
+    return loss, metrics
+
+
+# ----------------------------------------------------------------------------- value loss
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_range_value: float | None = None,
+    *,
+    aggregation: str = "token-mean",
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_len: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO's clipped value loss of one (micro-)batch.
+
+    Per token, with ``V`` the critic's current values, ``V_old`` those when the batch was
+    collected and ``R`` the returns (targets, e.g. from :func:`rlvr.algo.gae.gae_advantages`)::
+
+        V_clip    = V_old + clip(V - V_old, -clip_range_value, clip_range_value)
+        per_token = 0.5 * max((V - R)**2, (V_clip - R)**2)
+
+    (``0.5 * (V - R)**2`` when ``clip_range_value is None``), then aggregated over the masked
+    tokens by ``AGGREGATIONS[aggregation]``, which fixes the divisor exactly as in
+    :func:`policy_loss`: ``"token-mean"`` divides the masked sum by ``num_tokens`` (default
+    ``mask.sum()``); the ``seq-mean-*`` modes divide each row by its token count or by
+    ``max_len``, then the sum of rows by ``num_seqs`` (default ``B``).
+
+    Padded positions of all inputs are selected away (garbage there affects nothing);
+    ``old_values`` and ``returns`` are detached.
+
+    Metrics (python floats, masked means over all completion tokens):
+    ``"value/clip_frac"`` (fraction of tokens where the clipped term is strictly the larger,
+    so the gradient is 0) and ``"value/mse"`` (mean of ``(V - R)**2``).
+
+    Args:
+        values (Tensor): ``[B, T]`` current values (with grad).
+        old_values (Tensor): ``[B, T]`` values at collection time.
+        returns (Tensor): ``[B, T]`` value targets.
+        mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
+        clip_range_value (float | None): the clip width (> 0); ``None`` disables clipping.
+        aggregation (str): a key of ``AGGREGATIONS``.
+        num_tokens (float | None): see ``"token-mean"``.
+        num_seqs (float | None): see the ``seq-mean-*`` modes.
+        max_len (int | None): see ``"seq-mean-token-sum-norm"``.
+
+    Returns:
+        tuple[Tensor, dict[str, float]]: the 0-d loss and the metrics.
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(
+            f"unknown aggregation {aggregation!r}; expected one of {list(AGGREGATIONS)}"
+        )
+    if clip_range_value is not None and not clip_range_value > 0:
+        raise ValueError(f"clip_range_value must be > 0, got {clip_range_value}")
+    if values.dim() != 2:
+        raise ValueError(f"values must be [B, T], got shape {tuple(values.shape)}")
+    for name, tensor in (("old_values", old_values), ("returns", returns), ("mask", mask)):
+        if tensor.shape != values.shape:
+            raise ValueError(
+                f"{name} shape {tuple(tensor.shape)} must equal values shape {tuple(values.shape)}"
+            )
+    aggregate = AGGREGATIONS[aggregation]
+
+    keep = mask.bool()
+    zero = values.new_zeros(())
+    values = torch.where(keep, values, zero)
+    old_values = torch.where(keep, old_values.detach(), zero)
+    returns = torch.where(keep, returns.detach(), zero)
+
+    unclipped = (values - returns) ** 2
+    per_token = unclipped
+    is_clipped = torch.zeros_like(keep)
+    if clip_range_value is not None:
+        v_clip = old_values + torch.clamp(values - old_values, -clip_range_value, clip_range_value)
+        clipped = (v_clip - returns) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        is_clipped = clipped > unclipped
+    per_token = 0.5 * per_token
+
+    loss = aggregate(per_token, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len)
+    with torch.no_grad():
+        metrics = {
+            "value/clip_frac": masked_mean(is_clipped.float(), mask).item(),
+            "value/mse": masked_mean(unclipped, mask).item(),
+        }
     return loss, metrics
