@@ -1,8 +1,38 @@
 """Pure tensor formulas of GRPO and its family: advantages, reductions, KL estimators, losses."""
 
-from rlvr.algo.advantages import grpo_advantages, rloo_advantages, zero_std_group_fraction
-from rlvr.algo.kl import KL_ESTIMATORS, kl_k1, kl_k2, kl_k3
-from rlvr.algo.losses import clipped_surrogate, policy_loss
+from rlvr.algo.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    REWARD_SCALES,
+    advantages_dr_grpo,
+    advantages_grpo,
+    advantages_reinforce_pp,
+    advantages_reinforce_pp_baseline,
+    advantages_rloo,
+    grpo_advantages,
+    rloo_advantages,
+    scale_by_batch_std,
+    scale_by_group_std,
+    scale_none,
+    zero_std_group_fraction,
+)
+from rlvr.algo.dapo import dynamic_sampling_keep, overlong_penalty, truncation_mask
+from rlvr.algo.gae import (
+    discounted_returns,
+    gae_advantages,
+    outcome_to_token_rewards,
+    reinforce_pp_token_advantages,
+)
+from rlvr.algo.kl import KL_ESTIMATORS, kl_in_reward, kl_k1, kl_k2, kl_k3
+from rlvr.algo.losses import (
+    RATIO_LEVELS,
+    clipped_surrogate,
+    policy_loss,
+    ratio_gspo_token,
+    ratio_sequence,
+    ratio_surrogate,
+    ratio_token,
+    value_loss,
+)
 from rlvr.algo.reductions import (
     AGGREGATIONS,
     aggregate_seq_mean_token_mean,
@@ -10,22 +40,50 @@ from rlvr.algo.reductions import (
     aggregate_token_mean,
     masked_mean,
     masked_sum,
+    masked_whiten,
 )
+from rlvr.algo.reference import sync_reference
 
 __all__ = [
+    "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
     "KL_ESTIMATORS",
+    "RATIO_LEVELS",
+    "REWARD_SCALES",
+    "advantages_dr_grpo",
+    "advantages_grpo",
+    "advantages_reinforce_pp",
+    "advantages_reinforce_pp_baseline",
+    "advantages_rloo",
     "aggregate_seq_mean_token_mean",
     "aggregate_seq_mean_token_sum_norm",
     "aggregate_token_mean",
     "clipped_surrogate",
+    "discounted_returns",
+    "dynamic_sampling_keep",
+    "gae_advantages",
     "grpo_advantages",
+    "kl_in_reward",
     "kl_k1",
     "kl_k2",
     "kl_k3",
     "masked_mean",
     "masked_sum",
+    "masked_whiten",
+    "outcome_to_token_rewards",
+    "overlong_penalty",
     "policy_loss",
+    "ratio_gspo_token",
+    "ratio_sequence",
+    "ratio_surrogate",
+    "ratio_token",
+    "reinforce_pp_token_advantages",
     "rloo_advantages",
+    "scale_by_batch_std",
+    "scale_by_group_std",
+    "scale_none",
+    "sync_reference",
+    "truncation_mask",
+    "value_loss",
     "zero_std_group_fraction",
 ]
