@@ -8,6 +8,7 @@ import os
 # another process ran ten times slower per step (measured); passive waiting avoids that.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
@@ -47,10 +48,70 @@ class VerifyConfig:
     """The task's final-answer marker."""
 
 
+@dataclass(frozen=True)
+class RecipesConfig:
+    """`rlvr recipes [show NAME]`: list the named recipes or print one's switches."""
+
+    action: str = "list"
+    """list, or show."""
+    name: str | None = None
+    """The recipe to show."""
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """`rlvr compare`: several recipes on the same task, base model, seed and budget."""
+
+    recipes: str = "grpo,rloo,dr_grpo,dapo,gspo"
+    """Comma-separated recipe names (see `rlvr recipes`)."""
+    name: str = "compare"
+    """The comparison's directory under --runs-dir (each recipe gets NAME-RECIPE beside it)."""
+    runs_dir: str = "runs"
+    """Where run directories are created."""
+    steps: int = 60
+    """Steps per recipe."""
+    seed: int = 0
+    """The same seed for every recipe."""
+    train_args: str = ""
+    """Further arguments for every `rlvr train`, e.g. "--model DIR --task.digits 2"."""
+
+
+def compare(config: CompareConfig) -> None:
+    import shlex
+
+    from rlvr.pipelines.compare import compare_recipes
+
+    args = ["--grpo.steps", str(config.steps), "--seed", str(config.seed), "--overwrite",
+            "--no-progress", *shlex.split(config.train_args)]  # fmt: skip
+    recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
+    compare_recipes(recipes, config.runs_dir, config.name, args)
+
+
 def lab(config: LabConfig) -> None:
     from rlvr.pipelines.lab import run_lab
 
-    run_lab(config)
+    run_lab(resolve_switches(config))
+
+
+def resolve_switches(config: LabConfig) -> LabConfig:
+    """Apply `--set key=value` overrides to the GRPO switches (unknown keys name valid ones)."""
+    from rlvr.train.overrides import apply_overrides
+
+    if not config.set:
+        return config
+    return dataclasses.replace(config, grpo=apply_overrides(config.grpo, list(config.set)))
+
+
+def recipes(config: RecipesConfig) -> None:
+    from rlvr.train.recipes import RECIPES, describe_recipe
+
+    if config.action == "list":
+        for name, switches in RECIPES.items():
+            print(f"{name:12s} {', '.join(f'{k}={v}' for k, v in switches.items())}")
+    elif config.action == "show" and config.name:
+        print(describe_recipe(config.name))
+    else:
+        raise SystemExit("usage: rlvr recipes [list | show NAME]")
 
 
 def evaluate(config: EvalConfig) -> None:
@@ -79,6 +140,9 @@ def verify(config: VerifyConfig) -> None:
 
 COMMANDS = {
     "lab": (lab, LabConfig, "Build a tiny base model and watch GRPO's reward curve climb."),
+    "train": (lab, LabConfig, "Train with a recipe (--recipe dapo --set key=value) on the task."),
+    "recipes": (recipes, RecipesConfig, "List the named recipes, or show one's switches."),
+    "compare": (compare, CompareConfig, "Run several recipes side by side: one figure, one table."),
     "eval": (evaluate, EvalConfig, "Held-out accuracy of a local model."),
     "verify": (verify, VerifyConfig, "Grade one completion with the strict math verifier."),
 }
@@ -99,8 +163,33 @@ def main(argv: list[str] | None = None) -> None:
 
     hf_logging.disable_progress_bar()  # per-file load/save bars drown rlvr's own progress
     run, config_type, text = COMMANDS[argv[0]]
-    config = tyro.cli(config_type, args=argv[1:], prog=f"rlvr {argv[0]}", description=text)
+    args = argv[1:]
+    if config_type is RecipesConfig:  # positional form: rlvr recipes show NAME
+        config = RecipesConfig(*args[:2]) if args and not args[0].startswith("-") else None
+        run(config or tyro.cli(RecipesConfig, args=args, prog="rlvr recipes"))
+        return
+    default = None
+    if config_type is LabConfig:
+        default = _recipe_default(args)
+    config = tyro.cli(
+        config_type, args=args, prog=f"rlvr {argv[0]}", description=text, default=default
+    )
     run(config)
+
+
+def _recipe_default(args: list[str]) -> LabConfig | None:
+    """A LabConfig whose GRPO switches come from `--recipe NAME`, so --grpo.* flags still win."""
+    from rlvr.train.recipes import recipe_config
+
+    for i, arg in enumerate(args):
+        if arg == "--recipe" and i + 1 < len(args):
+            name = args[i + 1]
+        elif arg.startswith("--recipe="):
+            name = arg.split("=", 1)[1]
+        else:
+            continue
+        return LabConfig(recipe=name, grpo=recipe_config(name))
+    return None
 
 
 if __name__ == "__main__":

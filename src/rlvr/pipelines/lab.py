@@ -83,6 +83,11 @@ class LabConfig:
     """Sampled completions per held-out problem for the start and end pass@1."""
     progress: bool = True
     """Show progress bars."""
+    recipe: str | None = None
+    """A named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) whose switches
+    replace the GRPO defaults; --grpo.* flags and --set still override it."""
+    set: tuple[str, ...] = ()
+    """Overrides of GRPO switches as key=value (e.g. --set epsilon_high=0.28 beta=0.01)."""
     task: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)

@@ -121,3 +121,46 @@ def sample_completions(
         group_ids=torch.arange(len(prompts), device=device).repeat_interleave(num_samples),
         completions=texts,
     )
+
+
+def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:
+    """The rollouts at indices `rows` (a long tensor), in that order."""
+    idx = rows.tolist()
+    return RolloutBatch(
+        prompt_ids=batch.prompt_ids[rows],
+        prompt_mask=batch.prompt_mask[rows],
+        completion_ids=batch.completion_ids[rows],
+        completion_mask=batch.completion_mask[rows],
+        logprobs=batch.logprobs[rows],
+        truncated=batch.truncated[rows],
+        group_ids=batch.group_ids[rows],
+        completions=[batch.completions[i] for i in idx],
+    )
+
+
+def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
+    """Stack rollouts of several sampling calls: prompts re-padded on the left, completions on
+    the right; group ids are offset so that groups of different calls stay distinct."""
+
+    def pad(tensors: list[torch.Tensor], value: float, left: bool) -> torch.Tensor:
+        width = max(t.shape[1] for t in tensors)
+        out = []
+        for t in tensors:
+            extra = t.new_full((t.shape[0], width - t.shape[1]), value)
+            out.append(torch.cat([extra, t] if left else [t, extra], dim=1))
+        return torch.cat(out, dim=0)
+
+    offsets, group_ids = 0, []
+    for b in batches:
+        group_ids.append(b.group_ids + offsets)
+        offsets += int(b.group_ids.max()) + 1 if len(b.group_ids) else 0
+    return RolloutBatch(
+        prompt_ids=pad([b.prompt_ids for b in batches], pad_id, left=True),
+        prompt_mask=pad([b.prompt_mask for b in batches], 0, left=True),
+        completion_ids=pad([b.completion_ids for b in batches], pad_id, left=False),
+        completion_mask=pad([b.completion_mask for b in batches], 0.0, left=False),
+        logprobs=pad([b.logprobs for b in batches], 0.0, left=False),
+        truncated=torch.cat([b.truncated for b in batches]),
+        group_ids=torch.cat(group_ids),
+        completions=[c for b in batches for c in b.completions],
+    )

@@ -1,9 +1,12 @@
-"""GRPO: sample G completions per prompt, verify them, push toward the above-average ones.
+"""GRPO and its family: sample G completions per prompt, verify, push toward the better ones.
 
-One step, top to bottom: sample -> verify -> advantages -> loss (mu passes) -> metrics.
-Formulas live in `rlvr.algo`; this file only composes them.
+One step, top to bottom (`grpo_step`): sample (with DAPO's dynamic sampling) -> verify ->
+shape rewards -> advantages -> loss and update (mu passes) -> metrics. Formulas live in
+`rlvr.algo`; each switch below picks one small function from a registry there, once.
 
-Deviations from DeepSeekMath's GRPO (arXiv:2402.03300), all switchable:
+Named recipes (`rlvr.train.recipes`) are nothing but sets of these switches.
+
+Deviations from DeepSeekMath's GRPO (arXiv:2402.03300) in the defaults, all switchable:
 - the loss is averaged over all completion tokens of the step ("token-mean", as DAPO and TRL
   do) rather than per sequence first; `aggregation="seq-mean-token-mean"` restores the paper;
 - `beta` defaults to 0 (no KL penalty, no reference model loaded), as in DAPO, Dr. GRPO and
@@ -22,19 +25,20 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rlvr.algo import grpo_advantages, policy_loss, zero_std_group_fraction
+from rlvr import algo
 from rlvr.models.logprobs import completion_logprobs
+from rlvr.models.value import ValueModel
 from rlvr.report.run_dir import RunDirectory
-from rlvr.rollout.sampler import RolloutBatch, sample_completions
+from rlvr.rollout.sampler import RolloutBatch, concat_batches, sample_completions, select_rows
 from rlvr.train.rewards import RewardFn, total_rewards
 
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """Switches of the GRPO update and its sampling."""
+    """Switches of the update and its sampling (the lab's defaults; recipes change them)."""
 
     steps: int = 100
-    """Number of GRPO steps (one batch of prompts each)."""
+    """Number of steps (one batch of prompts each)."""
     prompts_per_step: int = 16
     """Prompts per step (B)."""
     group_size: int = 8
@@ -44,27 +48,57 @@ class GRPOConfig:
     temperature: float = 1.0
     """Sampling temperature of rollouts (the loss uses the same scaled distribution)."""
     lr: float = 1e-4
-    """AdamW learning rate (constant after warm-up)."""
+    """AdamW learning rate of the policy (constant after warm-up)."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up: Adam's first steps are sign-like and move every weight."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value."""
+    advantage_estimator: str = "grpo"
+    """grpo, dr_grpo, rloo, reinforce++, reinforce++-baseline, or gae (PPO with a critic)."""
+    scale_rewards: str = "group"
+    """Divide centred rewards by the std of the group, of the batch, or none."""
     epsilon_low: float = 0.2
-    """PPO clip: the ratio is floored at 1 - epsilon_low."""
+    """Clip: the ratio is floored at 1 - epsilon_low."""
     epsilon_high: float = 0.2
-    """PPO clip: the ratio is capped at 1 + epsilon_high (> epsilon_low is DAPO's clip-higher)."""
-    beta: float = 0.0
-    """Weight of the KL penalty to the frozen initial model; 0 loads no reference model."""
-    kl_estimator: str = "k3"
-    """KL estimator of the penalty: k1, k2 or k3."""
-    mu: int = 1
-    """Optimisation passes over each batch (PPO epochs)."""
+    """Clip: the ratio is capped at 1 + epsilon_high (> epsilon_low is DAPO's clip-higher)."""
+    clip_ratio_c: float | None = None
+    """Dual clip for negative advantages: the loss is capped at -A * c (e.g. 3.0)."""
+    ratio_level: str = "token"
+    """Importance ratio per token, per sequence (GSPO) or gspo-token."""
     aggregation: str = "token-mean"
     """Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm."""
-    scale_rewards: bool = True
-    """Divide advantages by the group's std (GRPO); False is Dr. GRPO's r - mean."""
+    beta: float = 0.0
+    """KL coefficient to the reference model; 0 loads no reference model."""
+    kl_estimator: str = "k3"
+    """KL estimator: k1, k2 or k3."""
+    kl_in_reward: bool = False
+    """Fold the KL penalty into the per-token reward (PPO style) instead of the loss."""
+    ref_sync_every: int = 0
+    """Update the reference model every N steps (0: never; it stays the initial model)."""
+    ref_sync_alpha: float = 1.0
+    """Reference update: ref = alpha * policy + (1 - alpha) * ref (1.0 copies)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal and sample more prompts to fill B."""
+    max_sampling_tries: int = 3
+    """Most sampling rounds per step with dynamic sampling (then train on what was kept)."""
+    overlong_buffer: int = 0
+    """DAPO overlong shaping: a linear penalty in the last N tokens before max_new_tokens."""
+    overlong_penalty: float = 1.0
+    """The penalty at max_new_tokens (and for truncated completions)."""
+    mask_truncated: bool = False
+    """Leave completions that hit max_new_tokens out of the loss."""
+    mu: int = 1
+    """Optimisation passes over each batch (PPO epochs)."""
+    critic_lr: float = 3e-4
+    """AdamW learning rate of the value model (advantage_estimator=gae)."""
+    gamma: float = 1.0
+    """GAE discount (gae only)."""
+    lam: float = 1.0
+    """GAE lambda (gae only)."""
+    value_clip: float = 0.2
+    """Value-loss clip range (gae only)."""
     eval_every: int = 20
     """Evaluate held-out accuracy every N steps, at steps 1, 2, 4, 8, ... below N (where
     the curve moves fastest), before the first step and after the last."""
@@ -75,12 +109,27 @@ class GRPOConfig:
 
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
+ROW_ESTIMATORS = set(algo.ADVANTAGE_ESTIMATORS)  # per-completion estimators (not gae)
 
 
 def check_grpo_config(config: GRPOConfig) -> None:
     """Refuse impossible settings before any model is loaded."""
     problems = []
-    if config.group_size < 2 and config.scale_rewards:
+    known = sorted(ROW_ESTIMATORS | {"gae"})
+    if config.advantage_estimator not in known:
+        problems.append(f"advantage_estimator must be one of {known}")
+    registries = (
+        ("aggregation", algo.AGGREGATIONS),
+        ("kl_estimator", algo.KL_ESTIMATORS),
+        ("ratio_level", algo.RATIO_LEVELS),
+    )
+    for name, registry in registries:
+        if getattr(config, name) not in registry:
+            problems.append(f"{name} must be one of {sorted(registry)}")
+    if config.scale_rewards not in algo.REWARD_SCALES:
+        problems.append("scale_rewards must be group, batch or none")
+    group_based = config.advantage_estimator in ("grpo", "dr_grpo", "rloo")
+    if config.group_size < 2 and group_based:
         problems.append("group_size must be >= 2: a group of one has no baseline")
     if config.prompts_per_step < 1 or config.steps < 1 or config.mu < 1:
         problems.append("prompts_per_step, steps and mu must be >= 1")
@@ -88,108 +137,209 @@ def check_grpo_config(config: GRPOConfig) -> None:
         problems.append("temperature must be > 0: GRPO needs diverse samples")
     if config.beta < 0 or config.epsilon_low < 0 or config.epsilon_high < 0:
         problems.append("beta, epsilon_low and epsilon_high must be >= 0")
+    if not 0 <= config.overlong_buffer < config.max_new_tokens:
+        problems.append("overlong_buffer must be in [0, max_new_tokens)")
     if problems:
-        raise ValueError("invalid GRPO config: " + "; ".join(problems))
+        raise ValueError("invalid config: " + "; ".join(problems))
+
+
+@dataclass
+class Models:
+    """What one step trains and consults: the policy, and only what the switches need."""
+
+    policy: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    reference: torch.nn.Module | None = None  # when beta > 0
+    critic: ValueModel | None = None  # when advantage_estimator == "gae"
+    critic_optimizer: torch.optim.Optimizer | None = None
+
+
+def build_models(policy: torch.nn.Module, config: GRPOConfig) -> Models:
+    """The policy's optimizer plus the reference and critic that `config` asks for."""
+    models = Models(
+        policy=policy,
+        optimizer=torch.optim.AdamW(
+            policy.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        ),
+    )
+    if config.beta > 0:
+        models.reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    if config.advantage_estimator == "gae":
+        models.critic = ValueModel(policy)
+        models.critic_optimizer = torch.optim.AdamW(
+            models.critic.parameters(), lr=config.critic_lr
+        )
+    return models
+
+
+def sample_and_score(
+    models: Models,
+    tokenizer,
+    next_rows: Callable[[], list[dict[str, Any]]],
+    reward_fns: Sequence[RewardFn],
+    reward_weights: Sequence[float],
+    config: GRPOConfig,
+    generator: torch.Generator,
+) -> tuple[RolloutBatch, list[dict[str, Any]], torch.Tensor, dict[str, float]]:
+    """Sample G completions for B prompts and score them; with dynamic sampling, keep only
+    groups whose rewards differ and draw more prompts (at most `max_sampling_tries` rounds)."""
+    batches, all_rows, all_rewards, metrics = [], [], [], {}
+    kept_groups, tries, generate_s, verify_s = 0, 0, 0.0, 0.0
+    while tries < (config.max_sampling_tries if config.dynamic_sampling else 1):
+        tries += 1
+        rows = next_rows()
+        t0 = time.perf_counter()
+        batch = sample_completions(
+            models.policy, tokenizer, [r["prompt"] for r in rows], config.group_size,
+            config.max_new_tokens, config.temperature, generator,
+        )  # fmt: skip
+        t1 = time.perf_counter()
+        repeat = config.group_size
+        prompts = [r["prompt"] for r in rows for _ in range(repeat)]
+        columns = {k: [r[k] for r in rows for _ in range(repeat)] for k in rows[0] if k != "prompt"}
+        rewards, metrics = total_rewards(
+            reward_fns, reward_weights, prompts, batch.completions, columns
+        )
+        generate_s, verify_s = generate_s + t1 - t0, verify_s + time.perf_counter() - t1
+        if config.dynamic_sampling:
+            keep = algo.dynamic_sampling_keep(rewards, batch.group_ids).nonzero().squeeze(1)
+            batch, rewards = select_rows(batch, keep), rewards[keep]
+            rows = [rows[g] for g in batch.group_ids.unique().tolist()]
+        batches.append(batch)
+        all_rows.extend(rows)
+        all_rewards.append(rewards)
+        kept_groups += len(rows)
+        if kept_groups >= config.prompts_per_step:
+            break
+    batch = concat_batches(batches, tokenizer.pad_token_id)
+    rewards = torch.cat(all_rewards)
+    if config.dynamic_sampling and len(rewards) > 0:
+        # train on exactly B groups when more were kept: the first B, in sampling order
+        first = batch.group_ids < batch.group_ids.unique()[: config.prompts_per_step].max() + 1
+        batch, rewards = select_rows(batch, first.nonzero().squeeze(1)), rewards[first]
+        all_rows = all_rows[: config.prompts_per_step]
+    if config.dynamic_sampling:
+        metrics["sampling/tries"] = float(tries)
+        metrics["sampling/kept_groups"] = float(kept_groups)
+    metrics["time/generate_s"], metrics["time/verify_s"] = generate_s, verify_s
+    return batch, all_rows, rewards, metrics
 
 
 def grpo_step(
-    model: torch.nn.Module,
-    ref_model: torch.nn.Module | None,
+    models: Models,
     tokenizer,
-    optimizer: torch.optim.Optimizer,
-    rows: list[dict[str, Any]],
+    next_rows: Callable[[], list[dict[str, Any]]],
     reward_fns: Sequence[RewardFn],
     reward_weights: Sequence[float],
     config: GRPOConfig,
     generator: torch.Generator,
     num_threads: int,
-) -> tuple[dict[str, float], RolloutBatch, torch.Tensor]:
-    """One GRPO step on `rows`; returns (metrics, rollouts, rewards)."""
-    metrics: dict[str, float] = {}
+) -> tuple[dict[str, float], RolloutBatch, list[dict[str, Any]], torch.Tensor]:
+    """One step; returns (metrics, rollouts, their rows, verifier rewards)."""
     t0 = time.perf_counter()
 
-    # --- sample: G completions per prompt -------------------------------------------------
+    # --- sample and verify: G completions per prompt, one reward each ------------------------
     torch.set_num_threads(config.generation_threads)
-    batch = sample_completions(
-        model,
-        tokenizer,
-        [r["prompt"] for r in rows],
-        num_samples=config.group_size,
-        max_new_tokens=config.max_new_tokens,
-        temperature=config.temperature,
-        generator=generator,
+    batch, rows, rewards, metrics = sample_and_score(
+        models, tokenizer, next_rows, reward_fns, reward_weights, config, generator
     )
     torch.set_num_threads(num_threads)
     t1 = time.perf_counter()
+    if len(rewards) == 0:  # dynamic sampling found no informative group: nothing to learn
+        skipped = {"reward/mean": 0.0, "update/skipped": 1.0, "time/step_s": t1 - t0}
+        return {**metrics, **skipped}, batch, rows, rewards
 
-    # --- verify: one reward per completion ------------------------------------------------
-    prompts = [r["prompt"] for r in rows for _ in range(config.group_size)]
-    columns = {k: [r[k] for r in rows for _ in range(config.group_size)] for k in rows[0]}
-    columns.pop("prompt")
-    rewards, reward_metrics = total_rewards(
-        reward_fns, reward_weights, prompts, batch.completions, columns
-    )
+    # --- shape rewards: DAPO's overlong penalty ------------------------------------------
+    shaped = rewards
+    if config.overlong_buffer > 0:
+        shaped = rewards + algo.overlong_penalty(
+            batch.lengths, config.max_new_tokens, config.overlong_buffer, config.overlong_penalty
+        )
+    loss_mask = batch.completion_mask
+    if config.mask_truncated:
+        loss_mask = algo.truncation_mask(loss_mask, batch.truncated)
+    cols = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+
+    # --- reference log-probs (KL in the loss or in the reward) ------------------------------
+    ref_logp = None
+    if models.reference is not None:
+        with torch.no_grad():
+            ref_logp = completion_logprobs(models.reference, *cols, config.temperature)
+
+    # --- advantages: group baseline, or GAE with the learned critic (PPO) ------------------
+    values = returns = None
+    if config.advantage_estimator == "gae":
+        token_rewards = algo.outcome_to_token_rewards(shaped, batch.completion_mask)
+        if config.kl_in_reward and ref_logp is not None:
+            token_rewards = algo.kl_in_reward(
+                token_rewards, batch.logprobs, ref_logp, batch.completion_mask, config.beta,
+                config.kl_estimator,
+            )  # fmt: skip
+        with torch.no_grad():
+            values = models.critic(*cols)
+        advantages, returns = algo.gae_advantages(
+            token_rewards, values, batch.completion_mask, config.gamma, config.lam
+        )
+        advantages = algo.masked_whiten(advantages, loss_mask)
+    else:
+        if config.kl_in_reward and ref_logp is not None:
+            shaped = algo.kl_in_reward(
+                shaped, batch.logprobs, ref_logp, batch.completion_mask, config.beta,
+                config.kl_estimator,
+            )  # fmt: skip
+        estimator = algo.ADVANTAGE_ESTIMATORS[config.advantage_estimator]
+        advantages = estimator(shaped, batch.group_ids, scale_rewards=config.scale_rewards)
     t2 = time.perf_counter()
 
-    # --- advantages: relative to the group ----------------------------------------------
-    advantages = grpo_advantages(rewards, batch.group_ids, scale=config.scale_rewards)
-
-    # --- loss and update: mu passes against the sampling log-probs -------------------------
-    ref_logp = None
-    if ref_model is not None:
-        with torch.no_grad():
-            ref_logp = completion_logprobs(
-                ref_model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-                batch.completion_mask, config.temperature,
-            )  # fmt: skip
-    model.train()
+    # --- loss and update: mu passes against the sampling log-probs --------------------------
+    models.policy.train()
+    beta_in_loss = 0.0 if config.kl_in_reward else config.beta
     for _ in range(config.mu):
-        logp = completion_logprobs(
-            model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-            batch.completion_mask, config.temperature,
+        logp = completion_logprobs(models.policy, *cols, config.temperature)
+        loss, loss_metrics = algo.policy_loss(
+            logp, batch.logprobs, advantages, loss_mask,
+            epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+            clip_ratio_c=config.clip_ratio_c, ratio_level=config.ratio_level,
+            beta=beta_in_loss, ref_logp=ref_logp, kl_estimator=config.kl_estimator,
+            aggregation=config.aggregation, max_len=config.max_new_tokens,
         )  # fmt: skip
-        loss, loss_metrics = policy_loss(
-            logp,
-            batch.logprobs,
-            advantages,
-            batch.completion_mask,
-            epsilon_low=config.epsilon_low,
-            epsilon_high=config.epsilon_high,
-            beta=config.beta,
-            ref_logp=ref_logp,
-            kl_estimator=config.kl_estimator,
-            aggregation=config.aggregation,
-            max_len=config.max_new_tokens,
-        )
-        optimizer.zero_grad(set_to_none=True)
+        models.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-        optimizer.step()
+        grad_norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.grad_clip)
+        models.optimizer.step()
+        if models.critic is not None:
+            critic_loss, critic_metrics = algo.value_loss(
+                models.critic(*cols), values, returns, loss_mask, config.value_clip
+            )
+            models.critic_optimizer.zero_grad(set_to_none=True)
+            critic_loss.backward()
+            torch.nn.utils.clip_grad_norm_(models.critic.parameters(), config.grad_clip)
+            models.critic_optimizer.step()
+            loss_metrics.update(critic_metrics)
     t3 = time.perf_counter()
 
     # --- metrics ------------------------------------------------------------------------
     lengths = batch.lengths
-    metrics.update(reward_metrics)
     metrics.update(loss_metrics)
     metrics.update(
         {
             "reward/mean": rewards.mean().item(),
-            "reward/std": rewards.std().item(),
-            "frac_zero_std_groups": zero_std_group_fraction(rewards, batch.group_ids),
+            "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+            "reward/shaped_mean": shaped.mean().item(),
+            "frac_zero_std_groups": algo.zero_std_group_fraction(rewards, batch.group_ids),
             "completion/len_mean": lengths.mean().item(),
             "completion/len_max": lengths.max().item(),
             "completion/truncated_frac": batch.truncated.float().mean().item(),
             "loss": loss.item(),
             "grad_norm": grad_norm.item(),
-            "lr": optimizer.param_groups[0]["lr"],
-            "time/generate_s": t1 - t0,
-            "time/verify_s": t2 - t1,
+            "lr": models.optimizer.param_groups[0]["lr"],
+            "time/advantage_s": t2 - t1,
             "time/update_s": t3 - t2,
             "time/step_s": t3 - t0,
             "throughput/completion_tokens_per_s": lengths.sum().item() / (t3 - t0),
         }
     )
-    return metrics, batch, rewards
+    return metrics, batch, rows, rewards
 
 
 def train_grpo(
@@ -204,39 +354,40 @@ def train_grpo(
     reward_weights: Sequence[float] | None = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
-    """Run `config.steps` GRPO steps, logging to `run`; returns the metric records.
+    """Run `config.steps` steps, logging to `run`; returns the metric records.
 
     `evaluate(model)` returns held-out metrics (logged under `eval/`), called before the first
-    step, every `eval_every` steps and after the last.
+    step, on the schedule of `is_eval_step`, and after the last.
     """
     check_grpo_config(config)
     weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_fns)
     num_threads = torch.get_num_threads()
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    ref_model = None
-    if config.beta > 0:
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-    )
+    models = build_models(model, config)
     warmup = max(1, config.warmup_steps)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        models.optimizer, lambda s: min(1.0, (s + 1) / warmup)
+    )
+
+    def next_rows() -> list[dict[str, Any]]:
+        return [next(train_rows) for _ in range(config.prompts_per_step)]
 
     records: list[dict[str, Any]] = []
     start = time.perf_counter()
-    initial = {f"eval/{k}": v for k, v in evaluate(model).items()}
-    records.append({"step": 0, **initial})
+    last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
+    records.append({"step": 0, **last_eval})
     run.log_metrics(records[-1])
-    bar = tqdm(range(1, config.steps + 1), desc="GRPO", disable=not progress)
-    last_eval = initial
+    bar = tqdm(range(1, config.steps + 1), desc=config.advantage_estimator, disable=not progress)
     for step in bar:
-        rows = [next(train_rows) for _ in range(config.prompts_per_step)]
-        metrics, batch, rewards = grpo_step(
-            model, ref_model, tokenizer, optimizer, rows, reward_fns, weights, config,
-            generator, num_threads,
-        )  # fmt: skip
-        schedule.step()
+        metrics, batch, rows, rewards = grpo_step(
+            models, tokenizer, next_rows, reward_fns, weights, config, generator, num_threads
+        )
+        if "update/skipped" not in metrics:
+            schedule.step()
+        if models.reference is not None and config.ref_sync_every > 0:
+            if step % config.ref_sync_every == 0:
+                algo.sync_reference(models.reference, model, config.ref_sync_alpha)
         record: dict[str, Any] = {"step": step, **metrics}
         if is_eval_step(step, config.eval_every, config.steps):
             last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
@@ -265,12 +416,13 @@ def _sample_records(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The first `samples_per_step` completions of the step, as plain data."""
     out = []
+    row_of_group = {g: i for i, g in enumerate(batch.group_ids.unique().tolist())}
     for i in range(min(config.samples_per_step, len(batch.completions))):
-        row = rows[i // config.group_size]
+        row = rows[row_of_group[int(batch.group_ids[i])]]
         out.append(
             {
                 "step": step,
-                "prompt": row["prompt"],
+                "prompt": row.get("prompt"),
                 "answer": row.get("answer"),
                 "completion": batch.completions[i],
                 "reward": rewards[i].item(),

@@ -1,0 +1,93 @@
+"""Peak memory of one update step: PPO (policy + critic + reference) against GRPO.
+
+    python benchmarks/memory.py            # two model sizes, three setups each
+
+Each (size, setup) runs in its own process: it imports everything, notes its resident memory,
+builds the models the setup needs, runs one full step (sample, verify, advantages, update) and
+reports its peak resident memory. The table shows the peak above the post-import baseline,
+which is what the models, optimizer states and activations cost, and its ratio to PPO's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+
+SIZES = {
+    "1.2M (lab)": {"hidden_size": 160, "num_layers": 3, "num_heads": 4, "intermediate_size": 640},
+    "57M": {"hidden_size": 768, "num_layers": 8, "num_heads": 12, "intermediate_size": 3072},
+}
+SETUPS = {
+    "PPO (policy, critic, reference)": {"advantage_estimator": "gae", "beta": 0.01,
+                                        "kl_in_reward": True, "kl_estimator": "k1"},
+    "GRPO, beta > 0 (policy, reference)": {"beta": 0.04},
+    "GRPO, beta = 0 (policy only)": {"beta": 0.0},
+}  # fmt: skip
+
+
+def rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def current_rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def child(size: str, setup: str) -> None:
+    import itertools
+
+    import torch
+
+    from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+    from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
+    from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
+    from rlvr.train.overrides import apply_overrides
+    from rlvr.verifiers.math import math_reward
+
+    torch.set_num_threads(2)
+    tokenizer = build_char_tokenizer()
+    problems = train_problems(ArithmeticTaskConfig(), seed=0)
+    config = apply_overrides(GRPOConfig(prompts_per_step=8, group_size=4), SETUPS[setup])
+    baseline = current_rss_mb()
+    policy = build_tiny_model(TinyModelConfig(**SIZES[size]), tokenizer, seed=0)
+    models = build_models(policy, config)
+
+    def next_rows():
+        return [{"prompt": p.prompt, "answer": p.answer} for p in itertools.islice(problems, 8)]
+
+    generator = torch.Generator().manual_seed(0)
+    grpo_step(models, tokenizer, next_rows, [math_reward], [1.0], config, generator, 2)
+    params = sum(p.numel() for p in policy.parameters())
+    print(json.dumps({"baseline_mb": baseline, "peak_mb": rss_mb(), "params": params}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", nargs=2, metavar=("SIZE", "SETUP"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    print("| model | setup | peak above baseline (MB) | ratio to PPO |")
+    print("| --- | --- | --- | --- |")
+    for size in SIZES:
+        results = {}
+        for setup in SETUPS:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", size, setup],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            results[setup] = r["peak_mb"] - r["baseline_mb"]
+        ppo = results[next(iter(SETUPS))]
+        for setup, mb in results.items():
+            print(f"| {size} | {setup} | {mb:.0f} | {mb / ppo:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Recipes are sets of switches; --set overrides name valid keys; each recipe trains."""
+
+import dataclasses
+
+import pytest
+
+from rlvr.cli import main
+from rlvr.train.grpo import GRPOConfig, check_grpo_config
+from rlvr.train.overrides import apply_overrides
+from rlvr.train.recipes import RECIPES, describe_recipe, recipe_config
+
+
+def test_overrides_parse_by_field_type():
+    config = apply_overrides(
+        GRPOConfig(),
+        ["epsilon_high=0.28", "group_size=4", "dynamic_sampling=true", "clip_ratio_c=3",
+         "aggregation=seq-mean-token-mean"],
+    )  # fmt: skip
+    assert (config.epsilon_high, config.group_size, config.dynamic_sampling) == (0.28, 4, True)
+    assert config.clip_ratio_c == 3.0 and config.aggregation == "seq-mean-token-mean"
+    assert apply_overrides(config, ["clip_ratio_c=none"]).clip_ratio_c is None
+
+
+def test_unknown_key_names_the_nearest_and_the_valid_ones():
+    with pytest.raises(ValueError, match=r"did you mean 'epsilon_high'.*valid keys: .*beta"):
+        apply_overrides(GRPOConfig(), ["epsilon_hgih=0.3"])
+    with pytest.raises(ValueError, match="not a valid int"):
+        apply_overrides(GRPOConfig(), ["group_size=eight"])
+    with pytest.raises(ValueError, match="key=value"):
+        apply_overrides(GRPOConfig(), ["beta"])
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_is_a_valid_set_of_switches(name):
+    config = recipe_config(name)
+    check_grpo_config(config)
+    changed = {
+        f.name for f in dataclasses.fields(config)
+        if getattr(config, f.name) != getattr(GRPOConfig(), f.name)
+    }  # fmt: skip
+    assert changed <= set(RECIPES[name])  # a recipe changes nothing it does not list
+    assert describe_recipe(name).startswith(f"# recipe {name}")
+
+
+def test_recipes_differ_where_the_papers_differ():
+    grpo, rloo, dr, dapo, gspo = (
+        recipe_config(n) for n in ("grpo", "rloo", "dr_grpo", "dapo", "gspo")
+    )
+    assert grpo.advantage_estimator == "grpo" and rloo.advantage_estimator == "rloo"
+    assert dr.scale_rewards == "none" and dr.aggregation == "seq-mean-token-sum-norm"
+    assert dapo.epsilon_high > dapo.epsilon_low and dapo.dynamic_sampling
+    assert gspo.ratio_level == "sequence" and gspo.epsilon_high < 1e-3
+    with pytest.raises(ValueError, match="unknown recipe"):
+        recipe_config("ppo2")
+
+
+def test_recipes_command_lists_and_shows(capsys):
+    main(["recipes"])
+    assert "dapo" in capsys.readouterr().out
+    main(["recipes", "show", "gspo"])
+    assert "ratio_level: sequence" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_every_recipe_trains_a_few_steps(name, tmp_path):
+    from tests.test_lab import TINY
+
+    runs = tmp_path / "runs"
+    main(["train", "--recipe", name, "--runs-dir", str(runs), "--cache-dir",
+          str(tmp_path / "cache"), "--run-name", "r", *TINY])  # fmt: skip
+    from rlvr.report.run_dir import read_jsonl
+
+    metrics = read_jsonl(runs / "r" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
+    config = (runs / "r" / "config.yaml").read_text()
+    assert f"recipe: {name}" in config
+    if name == "ppo":
+        assert "value/mse" in metrics[1]
+    if name == "dapo":
+        assert metrics[1]["sampling/tries"] >= 1
