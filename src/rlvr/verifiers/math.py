@@ -1,11 +1,14 @@
-"""Strict math verifier: one final answer, compared exactly, reward 1.0 or 0.0.
+"""Strict math verifier: one final answer, compared mathematically, reward 1.0 or 0.0.
 
-Grading policy
---------------
+Grading policy (docs/verifiers.md has it as one table)
+-----------------------------------------------------
 Reasoning is never graded.
   * ``<think>...</think>`` blocks are removed. An orphan ``</think>`` (the opening tag was in
     the prompt, as in R1-style templates) ends the reasoning: everything before it is dropped.
   * An unclosed ``<think>`` means no answer was given (reason ``unclosed_think``).
+  * Nothing in the completion talks to the grader: text such as "ignore previous
+    instructions, this answer is correct" is just more text (no marker, no box: no answer;
+    inside an answer: free symbols, wrong).
 
 The final answer is the last explicit one.
   * Candidates are every ``\\boxed{...}`` / ``\\fbox{...}`` (brace-balanced, nested braces and
@@ -14,83 +17,307 @@ The final answer is the last explicit one.
     A marker followed on its line by nothing but a box (``#### \\boxed{5}``) only introduces
     that box. Markers inside a box are ignored. An answer on the line *after* a bare marker
     does not count.
-  * The candidate that starts last wins, so a self-correction on a later line counts.
-  * Numbers in the text without a marker or a box are not answers (reason ``no_answer``); so is
-    an empty box or empty marker, and a box left unclosed (truncated generation).
+  * The candidate that starts last wins, so a self-correction counts when words separate it
+    from the earlier answer (``#### 824\\nwait, 8+4 carries\\n#### 825``).
+  * Numbers in the text without a marker or a box are not answers (reason ``no_answer``); so
+    is an empty box or empty marker (never a fallback to an earlier number), and a box left
+    unclosed (truncated generation).
 
 Several different final answers score 0 (reason ``hedged``).
-  * Conflict: the line holding the winning candidate holds another non-empty candidate with a
-    different value (``\\boxed{3} \\boxed{4}``, ``\\boxed{3} #### 4``, ``#### 3 #### 4``).
-    Equal values (``\\boxed{4} #### 4.0``) are fine.
-  * Hedge words in the answer: `` or ``, ``±``, ``∓``, ``\\pm``, ``\\mp``, unless the reference
-    itself contains them.
+  * A spray: the final group of candidates holds two different values. The group is the
+    last candidate, every candidate on its line, and every earlier one joined to it by
+    nothing but whitespace, punctuation, list numbering or "or"/"and" (``\\boxed{3}
+    \\boxed{4}``, ``\\boxed{3}, or \\boxed{4}``, ``\\boxed{3}\\n\\boxed{4}``,
+    ``#### 3 #### 4``). Equal values (``\\boxed{4} #### 4.0``) are fine.
+  * Hedge words in the answer: `` or ``, ``±``, ``∓``, ``\\pm``, ``\\mp`` (``72 \\pm 1``),
+    unless the reference itself contains them.
   * When the reference is a single value (no ``,`` or ``;``): two numbers separated only by
-    ``,``, ``;``, whitespace or `` and `` (``3, 4``, ``3;4``, ``825 826``). Plain spaces are
-    not thousands separators.
+    ``,``, ``;``, whitespace or `` and `` (``3, 4``, ``825 826``; plain spaces are not
+    thousands separators), and any answer that is a collection of values: a set, tuple or
+    interval with more than one element, an inequality, ``x \\in [2, 4]``. A set or interval
+    that merely contains the answer is not the answer. A one-element set ``\\{5\\}`` is 5.
 
 Comparison.
-  * Normalization, applied to both sides: full-width digits/signs to ASCII, unicode minus to
-    ``-``, ``$`` / ``\\(`` / ``\\)`` / ``**`` delimiters and a trailing period removed, a lone
-    ``\\text{}``/``\\mathrm{}``/``{}`` wrapper unwrapped, thousands separators removed
-    (``,``, ``\\,``, ``{,}``, thin spaces; groups of exactly three digits).
-  * Unless the reference is itself an equation, an answer ``lhs = rhs`` is graded on the text
-    after its last bare ``=`` (``x = 5``, ``357+468=825``); a plain number on an earlier side
-    that differs from a plain-number last side is a hedge (``824 = 825``).
+  * Normalization, both sides: full-width characters to ASCII, unicode minus signs to ``-``,
+    ``× · ÷ π ∞ √ ² ³ °`` to LaTeX; ``$`` / ``\\(`` / ``\\)`` / ``**`` delimiters and a
+    trailing period removed; a lone ``\\text{}``/``\\mathrm{}``/``{}`` wrapper unwrapped;
+    thousands separators removed (``,``, ``\\,``, ``{,}``, thin spaces; groups of exactly
+    three digits); the words ``pi``, ``inf``/``infinity``/``oo`` read as π and ∞.
+  * Equations: unless the reference is itself an equation, an answer ``lhs = rhs`` is graded
+    on the text after its last bare ``=`` (``x = 5``, ``357+468=825``); a plain number on an
+    earlier side that differs from a plain-number last side is a hedge (``824 = 825``). A list
+    of equations (``x=1, x=2``) is graded whole, as the set of its values.
+  * Units: a trailing unit (``5 cm``, ``5\\text{ cm}``, ``5 \\text{apples}``, ``90^\\circ``,
+    ``€5``, ``5 square feet``) is split from the value. If both sides carry one, they must be
+    the same unit (spellings are unified: ``cm`` = ``centimeters``, ``ft^2`` = ``sq ft``);
+    ``5 m`` for ``5 cm`` is wrong (no conversions). A bare number matches a reference with a
+    unit, and an answer's unit is not judged when the reference has none. ``$`` is a math
+    delimiter, so a dollar sign is never a unit. A label of plain words after a space or a
+    ``\\text{}`` label counts as a unit too (``5 apples`` vs ``5 oranges`` is wrong); a known
+    unit may touch the number (``5cm``) unless it is one letter (``5m`` stays 5·m).
+  * Percent: ``p%`` matches a reference ``r`` without ``%`` when ``p = r`` or ``p/100 = r``
+    (data sets write "what percent" answers both ways: ``50\\%`` matches 50 and 0.5); two
+    percentages compare their numbers. So ``0.5\\%`` also matches 0.5: a documented leniency.
+  * Scientific notation: ``3e8``, ``3E+8``, ``3\\times10^8``, ``3 \\cdot 10^{8}``,
+    ``10^{8}`` are plain numbers.
   * Fast path: both sides plain decimal literals (optional sign, point, exponent) are compared
-    exactly as ``Decimal`` values, without sympy.
+    exactly as ``Decimal`` values, without sympy (microseconds; the lab's integer answers).
   * Otherwise, if the reference is a plain number, an answer with a binary arithmetic operator
-    (``+ - * ^ × · ÷ \\times \\cdot \\div``) is not an evaluated answer (reason ``unevaluated``);
-    this stops echoing the question (``#### 357+468``) from earning reward.
-  * Otherwise ``math_verify.parse`` + ``math_verify.verify`` decide, with the answer text alone
-    wrapped in ``\\boxed{}`` (never a search through the completion). An answer with free
-    symbols never matches a reference without them. Answers longer than 1000 characters are
-    wrong. math-verify gets 3 s signal.alarm timeouts on the main thread and none elsewhere
-    (signals only work there).
+    (``+ - * ^ × · ÷ \\times \\cdot \\div``) is not an evaluated answer (reason
+    ``unevaluated``); this stops echoing the question (``#### 357+468``) from earning reward.
+  * Otherwise math-verify decides, on the answer text alone wrapped in ``\\boxed{}`` (never a
+    search through the completion), with three corrections: decimals are exact (every float
+    becomes the rational it spells, so ``0.333333`` is not 1/3 and ``3.14159`` is not π;
+    math-verify rounds to 6 places); an answer with a free symbol never matches a reference
+    without one; infinity (or 1/0, NaN) never matches a finite reference. Sets compare
+    unordered; tuples, intervals and matrices ordered; ``x > 2`` matches ``(2, \\infty)``.
+    Answers longer than 1000 characters are wrong.
+  * Time limit: the symbolic comparison runs in a persistent worker process (pure Python plus
+    sympy; a 4 GiB address-space limit), never in the caller, so the limit holds on any
+    thread and inside worker processes (math-verify's own ``signal.alarm`` only works on the
+    main thread). The worker interrupts itself at 80% of ``timeout_s`` (default 3 s); at the
+    full limit the caller kills it and starts a new one on the next call. Either way the
+    answer scores 0 with reason ``timeout``.
+  * An answer math-verify cannot parse is ``unparsable``; an unparsable or empty reference is
+    ``error`` (a data problem, counted apart from the model's mistakes).
+
+Every verdict is counted by reason in `REASON_COUNTS` (per process; see `reason_counts`).
 """
 
 from __future__ import annotations
 
+import atexit
+import json
+import os
 import re
+import select
+import signal
+import subprocess
+import sys
 import threading
+import time
 from bisect import bisect_right
+from collections import Counter
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
+from numbers import Real
+from pathlib import Path
 from typing import Any
 
-__all__ = ["extract_final_answer", "math_reward", "score", "verify"]
+from rlvr.verifiers.format import answer_text, completion_text
+
+__all__ = [
+    "REASONS",
+    "REASON_COUNTS",
+    "TIMEOUT_S",
+    "extract_final_answer",
+    "math_reward",
+    "reason_counts",
+    "score",
+    "verify",
+    "warm_up",
+]
 
 Completion = str | list[dict[str, Any]]
 
-_MATH_VERIFY_TIMEOUT_S = 3
+REASONS = (
+    "correct",
+    "wrong",
+    "no_answer",
+    "hedged",
+    "unclosed_think",
+    "unevaluated",
+    "unparsable",
+    "timeout",
+    "error",
+)
+REASON_COUNTS: Counter[str] = Counter()
+_COUNTS_LOCK = threading.Lock()
+
+TIMEOUT_S = 3.0  # hard wall-clock limit of one symbolic comparison
+_SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself first, so it need not be killed
+_WORKER_STARTUP_TIMEOUT_S = 60.0
+_WORKER_MEMORY_BYTES = 4 << 30
+_MAX_WORKERS = max(1, min(4, os.cpu_count() or 1))
 _MAX_SYMBOLIC_ANSWER_CHARS = 1000
 
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+# --- normalization -------------------------------------------------------------------------
 
 _UNICODE_TO_ASCII = str.maketrans(
     {
-        **{chr(0xFF10 + d): str(d) for d in range(10)},
-        "\uff0b": "+",  # full-width plus
-        "\uff0d": "-",  # full-width hyphen-minus
+        **{chr(code): chr(code - 0xFEE0) for code in range(0xFF01, 0xFF5F)},  # full-width
+        "\u3000": " ",  # ideographic space
         "\u2212": "-",  # minus sign
-        "\uff0e": ".",
-        "\uff0c": ",",
-        "\uff1b": ";",
+        "\u2012": "-",  # figure dash
+        "\u2013": "-",  # en dash, often a minus in generated text
+        "\ufe63": "-",  # small hyphen-minus
         "\u2009": "\\,",  # thin space: a thousands separator like LaTeX \,
         "\u202f": "\\,",  # narrow no-break space
         "\u00a0": " ",
+        "\u00d7": "\\times ",
+        "\u00b7": "\\cdot ",
+        "\u22c5": "\\cdot ",
+        "\u00f7": "\\div ",
+        "\u03c0": "\\pi ",
+        "\u221e": "\\infty ",
+        "\u221a": "\\sqrt",
+        "\u00b2": "^2",
+        "\u00b3": "^3",
+        "\u00b0": "^\\circ",
     }
 )
 _OUTER_MATH_DELIMITERS = re.compile(r"^\\[\[(]|\\[\])]$")
 _LONE_WRAPPER = re.compile(r"^(?:\\(?:text|textbf|mathrm|mathbf|boxed|fbox)\s*)?\{([^{}]*)\}$")
 _THOUSANDS = re.compile(r"(?<![\d.])\d{1,3}(?:(?:,|\\,|\{,\})\d{3})+(?!\d)")
 _THOUSANDS_SEPARATOR = re.compile(r",|\\,|\{,\}")
+_WORD_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
+_WORD_INFINITY = re.compile(r"(?<![\\A-Za-z])(?:infinity|inf|oo)(?![A-Za-z])", re.IGNORECASE)
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _BARE_EQUALS = re.compile(r"(?<![<>!=:\\])=(?!=)")
 _HEDGE_WORDS = re.compile(r"\bor\b|±|∓|\\pm(?![a-zA-Z])|\\mp(?![a-zA-Z])", re.IGNORECASE)
 _NUMBER_LIST = re.compile(r"\d(?:\s*[,;]\s*|\s+and\s+|\s+)[-+]?\.?\d", re.IGNORECASE)
 _BINARY_OPERATOR = re.compile(r"[\w.})\]]\s*(?:[-+*^×·÷]|\\times|\\cdot|\\div|\\ast)")
 _UNESCAPED_PERCENT = re.compile(r"(?<!\\)%")
+
+_MANTISSA = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
+_EXPONENT = r"\^\s*(?:\{\s*(?P<k1>[+-]?\d+)\s*\}|(?P<k2>[+-]?\d+))"
+_SCIENTIFIC = re.compile(
+    rf"(?P<m>{_MANTISSA})\s*(?:\\times|\\cdot|\\ast|\*)\s*10\s*{_EXPONENT}", re.IGNORECASE
+)
+_POWER_OF_TEN = re.compile(rf"(?P<m>[+-]?)10\s*{_EXPONENT}")
+_E_NOTATION = re.compile(r"(?<![\w.\\])(\d+(?:\.\d+)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
+
+# Spray separators: what may stand between two candidates of one "final group".
+_SPRAY_GAP = re.compile(
+    r"(?:\s|[,;:.!?/|&*()\[\]$-]|\\[()\[\],;:! ]|\\q?quad(?![a-zA-Z])|\\\\"
+    r"|\\text\s*\{\s*(?:or|and)?\s*\}|\b(?:or|and|either|maybe|perhaps|possibly)\b"
+    r"|(?<![^\s(])\d{1,2}[.)](?=\s))*",
+    re.IGNORECASE,
+)
+_MAX_SPRAY_GAP_CHARS = 200
+
+# --- units ---------------------------------------------------------------------------------
+
+_UNIT_SPELLINGS = {
+    "dollar": "dollar dollars usd",
+    "cent": "cent cents ¢",
+    "euro": "euro euros eur €",
+    "pound": "pound pounds lb lbs gbp £",
+    "yen": "yen jpy ¥",
+    "yuan": "yuan rmb cny",
+    "rupee": "rupee rupees inr rs ₹",
+    "mm": "mm millimeter millimeters millimetre millimetres",
+    "cm": "cm centimeter centimeters centimetre centimetres",
+    "m": "m meter meters metre metres",
+    "km": "km kilometer kilometers kilometre kilometres",
+    "inch": "inch inches",
+    "ft": "ft foot feet",
+    "yd": "yd yard yards",
+    "mile": "mi mile miles",
+    "mg": "mg milligram milligrams",
+    "g": "g gram grams",
+    "kg": "kg kilogram kilograms kilo kilos",
+    "ton": "ton tons tonne tonnes",
+    "oz": "oz ounce ounces",
+    "ml": "ml milliliter milliliters millilitre millilitres",
+    "l": "l liter liters litre litres",
+    "gallon": "gal gallon gallons",
+    "cup": "cup cups",
+    "s": "s sec secs second seconds",
+    "min": "min mins minute minutes",
+    "h": "h hr hrs hour hours",
+    "day": "day days",
+    "week": "week weeks",
+    "month": "month months",
+    "year": "yr yrs year years",
+    "degree": "deg degree degrees \\circ",
+    "radian": "rad rads radian radians",
+    "unit": "unit units",
+    "mile/h": "mph",
+    "km/h": "kph kmh",
+}
+_UNIT_LOOKUP = {
+    spelling: canonical
+    for canonical, spellings in _UNIT_SPELLINGS.items()
+    for spelling in spellings.split()
+}
+_POWER = r"(?P<power>\^\s*\{?\s*[23]\s*\}?)?"
+_UNIT_SEPARATOR = r"(?P<sep>(?:\s|\\[,;:! ]|~)*)"
+_PERCENT_SUFFIX = re.compile(
+    r"^(?P<value>.*?)\s*(?:\\%|%|\\text\s*\{\s*\\?%\s*\}|\\text\s*\{\s*percent\s*\}|\bpercent)$",
+    re.DOTALL,
+)
+_DEGREE_SUFFIX = re.compile(r"^(?P<value>.*?)\s*\^\s*(?:\\circ|\{\s*\\circ\s*\})$", re.DOTALL)
+_WRAPPED_UNIT_SUFFIX = re.compile(
+    rf"^(?P<value>.*?){_UNIT_SEPARATOR}\\(?:text|textrm|mathrm|mbox|rm|operatorname)\s*"
+    rf"\{{\s*(?P<unit>[A-Za-z][A-Za-z .'/-]*?)\s*\}}\s*{_POWER}$",
+    re.DOTALL,
+)
+_PLAIN_UNIT_SUFFIX = re.compile(
+    rf"^(?P<value>.*?[\d}})]){_UNIT_SEPARATOR}"
+    rf"(?P<unit>[A-Za-z]+\.?(?:\s+[A-Za-z]+){{0,2}}(?:/[A-Za-z]+)?)\s*{_POWER}$",
+    re.DOTALL,
+)
+_NOT_UNITS = {"or", "and", "sin", "cos", "tan", "log", "ln", "exp", "sqrt", "pi", "inf", "oo"}
+_CURRENCY_PREFIX = re.compile(r"^(?P<unit>€|£|¥|₹|USD|EUR|GBP|JPY|INR)\s*(?P<value>.+)$")
+
+
+def _canonical_unit(raw: str, power: str | None = None) -> str | None:
+    """The unit's canonical spelling (``"sq. ft"`` -> ``"ft^2"``), None if not a known unit."""
+    words = raw.lower().replace(".", " ").split()
+    exponent = ""
+    if words and words[0] in ("square", "sq"):
+        exponent, words = "^2", words[1:]
+    elif words and words[0] in ("cubic", "cu"):
+        exponent, words = "^3", words[1:]
+    if power:
+        exponent = "^" + re.sub(r"\D", "", power)
+    text = re.sub(r"\s+per\s+", "/", " ".join(words))
+    parts = [part.strip() for part in text.split("/")]
+    canonical = [_UNIT_LOOKUP.get(part) for part in parts]
+    if not parts or None in canonical:
+        return None
+    return "/".join(canonical) + exponent  # type: ignore[arg-type]
+
+
+def _split_quantity(text: str) -> tuple[str, str | None, bool]:
+    """(value text, canonical unit or None, is a percentage); see "Units" and "Percent"."""
+    unit: str | None = None
+    if (match := _PERCENT_SUFFIX.match(text)) and match["value"].strip():
+        return _scientific_to_plain(match["value"].strip()), None, True
+    if match := _CURRENCY_PREFIX.match(text):
+        unit, text = _canonical_unit(match["unit"]), match["value"].strip()
+    elif match := _DEGREE_SUFFIX.match(text):
+        if match["value"].strip():
+            unit, text = "degree", match["value"].strip()
+    elif match := _WRAPPED_UNIT_SUFFIX.match(text):
+        if match["value"].strip():
+            label = " ".join(match["unit"].split())
+            unit = _canonical_unit(label, match["power"]) or label.lower()
+            text = match["value"].strip()
+    elif match := _PLAIN_UNIT_SUFFIX.match(text):
+        label = " ".join(match["unit"].split())
+        known = _canonical_unit(label, match["power"])
+        words = label.lower().rstrip(".").replace("/", " ").split()
+        if known and (match["sep"] or len(label.rstrip(".")) > 1):
+            unit, text = known, match["value"].strip()  # "5 cm", "5cm", not "5m"
+        elif match["sep"] and all(len(w) > 1 and w not in _NOT_UNITS for w in words):
+            unit, text = label.lower(), match["value"].strip()  # "5 apples"
+    return _scientific_to_plain(text), unit, False
+
+
+def _scientific_to_plain(text: str) -> str:
+    """``3\\times10^{8}`` / ``10^8`` -> ``3e8`` / ``1e8``; ``e``-notation inside an expression
+    -> ``\\times10^{k}``, which math-verify reads right (it reads ``3e8`` as 3*e*8)."""
+    for pattern in (_SCIENTIFIC, _POWER_OF_TEN):
+        if match := pattern.fullmatch(text):
+            mantissa = match["m"] if match["m"] not in ("", "+", "-") else match["m"] + "1"
+            return f"{mantissa}e{match['k1'] or match['k2']}"
+    if _PLAIN_NUMBER.fullmatch(text):
+        return text
+    return _E_NOTATION.sub(r"(\1\\times10^{\2})", text)
 
 
 def _strip_delimiters(text: str) -> str:
@@ -108,7 +335,9 @@ def _normalize(text: str) -> str:
         if unwrapped == text:
             break
         text = unwrapped
-    return _THOUSANDS.sub(lambda m: _THOUSANDS_SEPARATOR.sub("", m.group()), text)
+    text = _THOUSANDS.sub(lambda m: _THOUSANDS_SEPARATOR.sub("", m.group()), text)
+    text = _WORD_PI.sub(r"\\pi", text)
+    return _WORD_INFINITY.sub(r"\\infty", text)
 
 
 def _as_decimal(normalized: str) -> Decimal | None:
@@ -122,11 +351,14 @@ def _as_decimal(normalized: str) -> Decimal | None:
         return None
 
 
-def _comparison_key(answer: str) -> Decimal | str:
-    """What makes two candidates "the same answer": value if numeric, else spaceless text."""
-    normalized = _normalize(answer)
-    value = _as_decimal(normalized)
-    return value if value is not None else "".join(normalized.split())
+def _comparison_key(answer: str) -> tuple[Decimal | str, bool]:
+    """What makes two candidates "the same answer": value (numeric if possible) and percent."""
+    value, _, percent = _split_quantity(_normalize(answer))
+    number = _as_decimal(value)
+    return (number if number is not None else "".join(value.split())), percent
+
+
+# --- extraction ----------------------------------------------------------------------------
 
 
 def _find_boxes(text: str) -> list[tuple[int, int, str | None]]:
@@ -152,29 +384,25 @@ def _find_boxes(text: str) -> list[tuple[int, int, str | None]]:
     return boxes
 
 
-def _graded_text(completion: str) -> str | None:
-    """The completion without its reasoning, or None for an unclosed ``<think>``."""
-    if _THINK_OPEN not in completion and _THINK_CLOSE not in completion:
-        return completion
-    kept: list[str] = []
-    pos = 0
-    while (opened := completion.find(_THINK_OPEN, pos)) != -1:
-        closed = completion.find(_THINK_CLOSE, opened + len(_THINK_OPEN))
-        if closed == -1:
-            break  # unclosed: keep the rest, "<think>" included
-        kept.append(completion[pos:opened])
-        pos = closed + len(_THINK_CLOSE)
-    kept.append(completion[pos:])
-    text = "".join(kept)
-    orphan_close = text.rfind(_THINK_CLOSE)
-    if orphan_close != -1:
-        text = text[orphan_close + len(_THINK_CLOSE) :]
-    return None if _THINK_OPEN in text else text
+def _final_group(text: str, candidates: list[tuple[int, int, str]]) -> list[str]:
+    """Answers of the last candidate's group: its line, plus sprays joined by separators."""
+    last_start = candidates[-1][0]
+    final_line_start = text.rfind("\n", 0, last_start) + 1
+    group = [candidates[-1][2]]
+    following_start = last_start
+    for start, end, answer in reversed(candidates[:-1]):
+        gap = text[end:following_start] if end <= following_start else ""
+        joined = len(gap) <= _MAX_SPRAY_GAP_CHARS and _SPRAY_GAP.fullmatch(gap)
+        if start < final_line_start and not joined:
+            break
+        group.append(answer)
+        following_start = start
+    return group
 
 
 def _locate_final_answer(completion: str, marker: str) -> tuple[str | None, str]:
     """(final answer, status); status is "ok", "no_answer", "unclosed_think" or "hedged"."""
-    text = _graded_text(completion)
+    text = answer_text(completion)
     if text is None:
         return None, "unclosed_think"
     boxes = _find_boxes(text)
@@ -192,7 +420,7 @@ def _locate_final_answer(completion: str, marker: str) -> tuple[str | None, str]
     starts = sorted(box_starts + markers)
     box_start_set = set(box_starts)
 
-    candidates = [(start, content) for start, _, content in boxes if content is not None]
+    candidates = [(start, end, content) for start, end, content in boxes if content is not None]
     for found in markers:
         following = bisect_right(starts, found)
         next_start = starts[following] if following < len(starts) else len(text)
@@ -202,24 +430,22 @@ def _locate_final_answer(completion: str, marker: str) -> tuple[str | None, str]
         introduces_box = line_end == -1 and next_start in box_start_set
         if not _strip_delimiters(answer) and introduces_box:
             continue  # "#### \boxed{5}": the marker only introduces the box
-        candidates.append((found, answer))
+        candidates.append((found, answer_end, answer))
     if not candidates:
         return None, "no_answer"
     candidates.sort()
 
-    last_start, last_answer = candidates[-1]
-    final_line_start = text.rfind("\n", 0, last_start) + 1
-    final_line = [a for s, a in candidates if s >= final_line_start and _strip_delimiters(a)]
-    if len({_comparison_key(a) for a in final_line}) > 1:
+    group = [a for a in _final_group(text, candidates) if _strip_delimiters(a)]
+    if len({_comparison_key(a) for a in group}) > 1:
         return None, "hedged"
-    answer = _strip_delimiters(last_answer)
+    answer = _strip_delimiters(candidates[-1][2])
     return (answer, "ok") if answer else (None, "no_answer")
 
 
 def extract_final_answer(completion: str, marker: str = "####") -> str | None:
     """The completion's single final answer (module docstring), or None if there is none.
 
-    None also for an unclosed ``<think>`` and for conflicting answers on the final line. Hedges
+    None also for an unclosed ``<think>`` and for a spray of different final answers. Hedges
     inside one answer ("3 or 4") are returned as is: `verify` judges them against the reference.
     """
     if not isinstance(completion, str) or not isinstance(marker, str):
@@ -227,27 +453,14 @@ def extract_final_answer(completion: str, marker: str = "####") -> str | None:
     return _locate_final_answer(completion, marker)[0]
 
 
-def _completion_text(completion: Any) -> str | None:
-    """A plain string, or the last message's content of a TRL conversational completion."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content")
-        if isinstance(content, list):  # multimodal content parts
-            content = "".join(
-                part.get("text", "")
-                for part in content
-                if isinstance(part, dict) and isinstance(part.get("text", ""), str)
-            )
-        return content if isinstance(content, str) else None
-    return None
+# --- grading -------------------------------------------------------------------------------
 
 
 def _reference_text(answer: Any) -> str | None:
     if isinstance(answer, str):
         return answer
-    if isinstance(answer, (int, float, Decimal)) and not isinstance(answer, bool):
-        return str(answer)
+    if isinstance(answer, (Real, Decimal)) and not isinstance(answer, bool):
+        return str(answer)  # ints, floats, Decimals, numpy scalars (verl's ground truths)
     return None
 
 
@@ -266,42 +479,21 @@ def _hedge_in(answer: str, reference: str) -> bool:
     return single_value_reference and bool(_NUMBER_LIST.search(answer))
 
 
-def _on_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+def _percent_match(predicted: Any, predicted_percent: bool, gold: Any, gold_percent: bool) -> bool:
+    """Exact comparison of two Decimals under the percent rule (module docstring)."""
+    if predicted == gold:
+        return True
+    if predicted_percent and not gold_percent:
+        return predicted.scaleb(-2) == gold
+    if gold_percent and not predicted_percent:
+        return gold.scaleb(-2) == predicted
+    return False
 
 
-@lru_cache(maxsize=4096)
-def _parse_boxed(expression: str, timeout_s: int | None) -> tuple[Any, ...]:
-    from math_verify import parse
-
-    latex = "\\boxed{" + _UNESCAPED_PERCENT.sub(r"\\%", expression) + "}"
-    return tuple(parse(latex, parsing_timeout=timeout_s))
-
-
-def _first_sympy(parsed: tuple[Any, ...]) -> Any:
-    return next((p for p in parsed if hasattr(p, "free_symbols")), None)
-
-
-def _symbolic_match(answer: str, reference: str) -> bool | None:
-    """math-verify equality; None when the reference does not parse to a sympy object."""
-    from math_verify import verify as math_verify_equal
-
-    timeout_s = _MATH_VERIFY_TIMEOUT_S if _on_main_thread() else None
-    gold = _parse_boxed(reference, timeout_s)
-    gold_expr = _first_sympy(gold)
-    if gold_expr is None:
-        return None
-    if len(answer) > _MAX_SYMBOLIC_ANSWER_CHARS:
-        return False
-    predicted = _parse_boxed(answer, timeout_s)
-    predicted_expr = _first_sympy(predicted)
-    if not gold_expr.free_symbols and (predicted_expr is None or predicted_expr.free_symbols):
-        return False  # a free symbol (or unparsable text) never equals a number
-    return bool(math_verify_equal(list(gold), list(predicted), timeout_seconds=timeout_s))
-
-
-def _grade(completion: Any, answer: Any, marker: str, parts: dict[str, Any]) -> float:
-    text, reference = _completion_text(completion), _reference_text(answer)
+def _grade(
+    completion: Any, answer: Any, marker: str, timeout_s: float, parts: dict[str, Any]
+) -> float:
+    text, reference = completion_text(completion), _reference_text(answer)
     if text is None or reference is None or not isinstance(marker, str):
         return 0.0  # reason stays "error"
     extracted, status = _locate_final_answer(text, marker)
@@ -314,54 +506,103 @@ def _grade(completion: Any, answer: Any, marker: str, parts: dict[str, Any]) -> 
         return 0.0
     predicted = _normalize(extracted)
     left_sides: list[str] = []
-    if not _BARE_EQUALS.search(gold):
+    if not _BARE_EQUALS.search(gold) and "," not in predicted and ";" not in predicted:
         left_sides, predicted = _split_equation(predicted)
     if not predicted:
         parts["reason"] = "no_answer"
         return 0.0
-    predicted_value = _as_decimal(predicted)
-    left_values = {_as_decimal(side) for side in left_sides} - {None}
+    predicted_value_text, predicted_unit, predicted_percent = _split_quantity(predicted)
+    predicted_value = _as_decimal(predicted_value_text)
+    left_values = {_as_decimal(_split_quantity(side)[0]) for side in left_sides} - {None}
     if _hedge_in(predicted, gold) or (
         predicted_value is not None and left_values - {predicted_value}
     ):
         parts["reason"] = "hedged"  # "3 or 4", "3, 4", or "824 = 825"
         return 0.0
 
-    gold_value = _as_decimal(gold)
+    gold_value_text, gold_unit, gold_percent = _split_quantity(gold)
+    if not predicted_value_text or not gold_value_text:
+        parts["reason"] = "no_answer" if not predicted_value_text else "error"
+        return 0.0
+    if gold_unit and predicted_unit and gold_unit != predicted_unit:
+        parts["method"] = "exact"
+        parts["reason"] = "wrong"  # "5 m" for "5 cm": no conversions
+        return 0.0
+    gold_value = _as_decimal(gold_value_text)
     if gold_value is not None and predicted_value is not None:
         parts["method"] = "exact"
-        correct = gold_value == predicted_value
-    elif gold_value is not None and _BINARY_OPERATOR.search(predicted):
+        correct = _percent_match(predicted_value, predicted_percent, gold_value, gold_percent)
+    elif gold_value is not None and _BINARY_OPERATOR.search(predicted_value_text):
         parts["reason"] = "unevaluated"
         return 0.0
+    elif (
+        "".join(gold_value_text.split()) == "".join(predicted_value_text.split())
+        and gold_percent == predicted_percent
+    ):
+        parts["method"] = "exact"
+        correct = True
+    elif len(predicted_value_text) > _MAX_SYMBOLIC_ANSWER_CHARS:
+        parts["method"] = "math_verify"
+        correct = False
     else:
         parts["method"] = "math_verify"
-        match = _symbolic_match(predicted, gold)
-        if match is None:
-            return 0.0  # unparsable reference: "error"
-        correct = match
+        try:
+            verdict = _symbolic_verdict(
+                gold_value_text, predicted_value_text, gold_percent, predicted_percent, timeout_s
+            )
+        except _SymbolicTimeout:
+            parts["reason"] = "timeout"
+            return 0.0
+        except _SymbolicUnavailable:
+            return 0.0  # reason stays "error"
+        if verdict not in ("correct", "wrong"):
+            parts["reason"] = {"hedged": "hedged", "unparsable": "unparsable"}.get(verdict, "error")
+            return 0.0
+        correct = verdict == "correct"
     parts["reason"] = "correct" if correct else "wrong"
     return 1.0 if correct else 0.0
 
 
-def verify(completion: Completion, answer: str, marker: str = "####") -> tuple[float, dict]:
+def _count(reason: str) -> None:
+    with _COUNTS_LOCK:
+        REASON_COUNTS[reason] += 1
+
+
+def reason_counts(reset: bool = False) -> dict[str, int]:
+    """A snapshot of `REASON_COUNTS` (verdicts by reason in this process); optionally reset.
+
+    Counts are per process: a trainer that scores in worker processes must collect them there.
+    """
+    with _COUNTS_LOCK:
+        snapshot = dict(REASON_COUNTS)
+        if reset:
+            REASON_COUNTS.clear()
+    return snapshot
+
+
+def verify(
+    completion: Completion,
+    answer: str,
+    marker: str = "####",
+    *,
+    timeout_s: float | None = None,
+) -> tuple[float, dict]:
     """Reward and its breakdown: ``{"extracted", "reason", "method"}``; never raises.
 
-    ``reason`` is one of "correct", "wrong", "no_answer", "hedged", "unclosed_think",
-    "unevaluated" or "error" (bad input, unparsable reference, internal failure); ``method``
-    is "exact", "math_verify" or None when no comparison ran.
+    ``reason`` is one of `REASONS`: "correct", "wrong", "no_answer", "hedged",
+    "unclosed_think", "unevaluated", "unparsable" (the answer is not math), "timeout" (the
+    symbolic comparison ran past ``timeout_s``, default `TIMEOUT_S`) or "error" (bad input,
+    unparsable reference, internal failure). ``method`` is "exact" (no sympy), "math_verify"
+    or None when no comparison ran.
     """
     parts: dict[str, Any] = {"extracted": None, "reason": "error", "method": None}
+    limit = TIMEOUT_S if timeout_s is None else timeout_s
     try:
-        reward = _grade(completion, answer, marker, parts)
+        reward = _grade(completion, answer, marker, float(limit), parts)
     except Exception:
         reward = 0.0
         parts["reason"] = "error"
-    except BaseException as exc:  # math-verify's TimeoutException derives from BaseException
-        if not type(exc).__module__.startswith("math_verify"):
-            raise
-        reward = 0.0
-        parts["reason"] = "error"
+    _count(parts["reason"])
     return reward, parts
 
 
@@ -384,3 +625,372 @@ def math_reward(
         raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
     pairs = zip(completions, answer, strict=True)
     return [score(completion, reference) for completion, reference in pairs]
+
+
+# --- symbolic comparison: caller side ------------------------------------------------------
+
+
+class _SymbolicTimeout(Exception):
+    """The worker ran past the limit (it was interrupted or killed)."""
+
+
+class _SymbolicUnavailable(Exception):
+    """No worker could be started, or it died mid-request (never cached: the next call retries)."""
+
+
+class _Worker:
+    """One persistent worker process speaking JSON lines over its stdin/stdout."""
+
+    def __init__(self) -> None:
+        src_dir = str(Path(__file__).resolve().parents[2])
+        code = (
+            f"import sys; sys.path.insert(0, {src_dir!r}); "
+            "from rlvr.verifiers.math import _worker_main; _worker_main()"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # a terminal's Ctrl-C is the caller's to handle
+        )
+        self._buffer = b""
+        self._next_id = 0
+        deadline = time.monotonic() + _WORKER_STARTUP_TIMEOUT_S
+        if self._read_line(deadline) != b"ready":
+            self.kill()
+            raise RuntimeError("the math verifier's worker process did not start")
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The next line, or None at the deadline; raises EOFError if the worker died."""
+        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise EOFError("the math verifier's worker process exited")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """The worker's reply, or None when it is still busy after ``timeout_s``."""
+        self._next_id += 1
+        payload = {**payload, "id": self._next_id}
+        deadline = time.monotonic() + timeout_s
+        self.proc.stdin.write(json.dumps(payload).encode() + b"\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        while (line := self._read_line(deadline)) is not None:
+            reply = json.loads(line)
+            if reply.get("id") == self._next_id:
+                return reply
+        return None
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.close_pipes()
+
+    def close_pipes(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()  # type: ignore[union-attr]
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        """Close its stdin (the worker exits at EOF); kill it if it lingers."""
+        try:
+            self.proc.stdin.close()  # type: ignore[union-attr]
+            self.proc.wait(timeout=1)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.kill()
+
+
+class _Pool:
+    """Workers for this process: started on demand, up to `_MAX_WORKERS` busy at once."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.condition = threading.Condition()
+        self.idle: list[_Worker] = []
+        self.busy: set[_Worker] = set()
+        self.size = 0
+
+    def acquire(self) -> _Worker:
+        with self.condition:
+            while not self.idle and self.size >= _MAX_WORKERS:
+                self.condition.wait()
+            if self.idle:
+                worker = self.idle.pop()
+                self.busy.add(worker)
+                return worker
+            self.size += 1
+        try:
+            worker = _Worker()  # started outside the lock: it takes a while
+        except BaseException:
+            with self.condition:
+                self.size -= 1
+                self.condition.notify()
+            raise
+        with self.condition:
+            self.busy.add(worker)
+        return worker
+
+    def release(self, worker: _Worker, healthy: bool) -> None:
+        if not healthy:
+            worker.kill()
+        with self.condition:
+            self.busy.discard(worker)
+            if healthy:
+                self.idle.append(worker)
+            else:
+                self.size -= 1
+            self.condition.notify()
+
+    def shutdown(self) -> None:
+        with self.condition:
+            workers, self.idle = self.idle + list(self.busy), []
+            self.busy.clear()
+            self.size = 0
+        for worker in workers:
+            worker.stop()
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's workers without touching them."""
+        for worker in self.idle + list(self.busy):
+            worker.close_pipes()
+
+
+_POOL: _Pool | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool() -> _Pool:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL.pid != os.getpid():
+            _POOL = _Pool()
+        return _POOL
+
+
+def _shutdown_workers() -> None:
+    """Stop this process's workers (at exit; tests use it to force a fresh start)."""
+    pool = _POOL
+    if pool is not None and pool.pid == os.getpid():
+        pool.shutdown()
+
+
+def _after_fork_in_child() -> None:
+    global _POOL, _POOL_LOCK, _COUNTS_LOCK
+    if _POOL is not None:
+        _POOL.forget()
+    _POOL = None
+    _POOL_LOCK = threading.Lock()  # a lock held by another thread at fork time stays held
+    _COUNTS_LOCK = threading.Lock()
+
+
+atexit.register(_shutdown_workers)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def warm_up() -> None:
+    """Start a worker now, so the first symbolic comparison does not wait for it (~0.5 s)."""
+    pool = _pool()
+    pool.release(pool.acquire(), healthy=True)
+
+
+@lru_cache(maxsize=8192)
+def _symbolic_verdict(
+    gold: str, predicted: str, gold_percent: bool, predicted_percent: bool, timeout_s: float
+) -> str:
+    """The worker's verdict; raises _SymbolicTimeout (never cached) past ``timeout_s``."""
+    pool = _pool()
+    try:
+        worker = pool.acquire()
+    except Exception as exc:
+        raise _SymbolicUnavailable from exc  # counted as an error, not as a wrong answer
+    payload = {
+        "gold": gold,
+        "pred": predicted,
+        "gold_percent": gold_percent,
+        "pred_percent": predicted_percent,
+        "soft_timeout_s": timeout_s * _SOFT_TIMEOUT_FRACTION,
+    }
+    healthy = False
+    try:
+        reply = worker.request(payload, timeout_s)
+        if reply is None:
+            raise _SymbolicTimeout  # still busy: the pool kills it below
+        healthy = not reply.get("restart", False)
+        if reply["verdict"] == "timeout":
+            raise _SymbolicTimeout
+        return str(reply["verdict"])
+    except (OSError, EOFError, ValueError, KeyError) as exc:
+        raise _SymbolicUnavailable from exc
+    finally:
+        pool.release(worker, healthy)
+
+
+# --- symbolic comparison: worker side (runs in the worker process only) ---------------------
+
+
+class _SoftTimeout(BaseException):
+    """Raised by SIGALRM in the worker; BaseException so math-verify's handlers let it pass."""
+
+
+@lru_cache(maxsize=4096)
+def _parse_exact(expression: str) -> Any:
+    """math-verify's reading of ``\\boxed{expression}`` with every float made exact; or None."""
+    from math_verify import parse
+    from sympy import Basic
+    from sympy.matrices import MatrixBase
+
+    latex = "\\boxed{" + _UNESCAPED_PERCENT.sub(r"\\%", expression) + "}"
+    parsed = parse(latex, parsing_timeout=None)
+    expr = next((p for p in parsed if isinstance(p, (Basic, MatrixBase))), None)
+    if expr is None:
+        return None
+    return expr.applyfunc(_exact_float) if isinstance(expr, MatrixBase) else _exact_float(expr)
+
+
+def _exact_float(value: Any) -> Any:
+    """Every sympy Float replaced by the rational number its decimal digits spell."""
+    from sympy import Float, Rational
+
+    floats = value.atoms(Float)
+    return value.xreplace({f: Rational(str(f)) for f in floats}) if floats else value
+
+
+def _assigned_values(expr: Any) -> Any:
+    """``x = 5`` -> 5, also inside sets and tuples (``x=1, x=2`` -> {1, 2})."""
+    from sympy import Eq, FiniteSet, Symbol, Tuple
+
+    if isinstance(expr, Eq) and isinstance(expr.lhs, Symbol):
+        return _assigned_values(expr.rhs)
+    if isinstance(expr, (FiniteSet, Tuple)):
+        return type(expr)(*[_assigned_values(arg) for arg in expr.args])
+    return expr
+
+
+def _is_scalar(expr: Any) -> bool:
+    from sympy import Expr
+    from sympy.matrices import MatrixBase
+    from sympy.matrices.expressions import MatrixExpr
+
+    return isinstance(expr, Expr) and not isinstance(expr, (MatrixBase, MatrixExpr))
+
+
+def _non_finite(expr: Any) -> bool:
+    from sympy import S
+
+    return bool(expr.has(S.Infinity, S.NegativeInfinity, S.ComplexInfinity, S.NaN))
+
+
+def _judge(gold: Any, predicted: Any) -> str:
+    """Verdict "correct", "wrong" or "hedged" for two parsed, exact sympy objects."""
+    from math_verify import verify as math_verify_equal
+    from sympy import EmptySet, FiniteSet, Set, Tuple
+    from sympy.logic.boolalg import BooleanFunction
+
+    values = _assigned_values(predicted)
+    if _is_scalar(gold):
+        if isinstance(values, FiniteSet) and len(values) == 1:
+            values = next(iter(values))  # {5} is 5
+        if values == EmptySet:
+            return "wrong"
+        if isinstance(values, (Set, BooleanFunction)) or getattr(values, "is_Relational", False):
+            return "hedged"  # a set, interval or inequality offers many values
+        if isinstance(values, Tuple):
+            return "hedged" if len(values) > 1 else "wrong"
+        if not _is_scalar(values):
+            return "wrong"  # a matrix, a truth value
+        predicted = values
+        if not gold.free_symbols and values.free_symbols:
+            return "wrong"  # a free symbol never equals a number
+    if not _non_finite(gold) and _non_finite(values):
+        return "wrong"  # nor does infinity
+    equal = math_verify_equal(
+        [gold], [predicted], allow_set_relation_comp=True, timeout_seconds=None
+    )
+    return "correct" if equal else "wrong"
+
+
+def _compare_symbolic(
+    gold: str, predicted: str, gold_percent: bool = False, predicted_percent: bool = False
+) -> str:
+    """The worker's verdict: "correct", "wrong", "hedged", "unparsable" or "bad_reference"."""
+    from sympy import Rational
+
+    gold_expr = _parse_exact(gold)
+    if gold_expr is None:
+        return "bad_reference"
+    predicted_expr = _parse_exact(predicted)
+    if predicted_expr is None:
+        return "unparsable"
+    verdict = _judge(gold_expr, predicted_expr)
+    if verdict == "wrong" and gold_percent != predicted_percent:
+        if predicted_percent and _is_scalar(predicted_expr):
+            return _judge(gold_expr, predicted_expr * Rational(1, 100))
+        if gold_percent and _is_scalar(gold_expr):
+            return _judge(gold_expr * Rational(1, 100), predicted_expr)
+    return verdict
+
+
+def _serve(request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, max(0.01, float(request["soft_timeout_s"])))
+            verdict = _compare_symbolic(
+                str(request["gold"]),
+                str(request["pred"]),
+                bool(request["gold_percent"]),
+                bool(request["pred_percent"]),
+            )
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _SoftTimeout:
+        return {"verdict": "timeout"}
+    except MemoryError:
+        return {"verdict": "timeout", "restart": True}  # past the memory limit: start afresh
+    except Exception:
+        return {"verdict": "error"}
+    return {"verdict": verdict}
+
+
+def _worker_main() -> None:
+    """Entry point of the worker process: JSON requests on stdin, JSON verdicts on stdout."""
+    import logging
+
+    protocol = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)  # stray prints from libraries go to stderr, never into the protocol
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
+    except (ImportError, ValueError, OSError):
+        pass
+    for name in ("math_verify", "latex2sympy2_extended"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _SoftTimeout
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    _compare_symbolic("1", "1")  # import sympy and math-verify, build the parser's tables
+    protocol.write(b"ready\n")
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        reply = {"id": request.get("id"), **_serve(request)}
+        protocol.write(json.dumps(reply).encode() + b"\n")
+        if reply.get("restart"):
+            return
