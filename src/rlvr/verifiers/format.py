@@ -31,7 +31,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["answer_text", "completion_text", "format_reward", "score", "verify"]
+__all__ = [
+    "answer_text",
+    "completion_text",
+    "format_reward",
+    "prompt_opens_think",
+    "score",
+    "verify",
+]
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -95,11 +102,11 @@ def _check(text: str, think_in_prompt: bool) -> str:
             return "extra_tags"
         if not closes:
             return "unclosed_think"
+        if text.index(THINK_CLOSE) < text.index(THINK_OPEN):
+            return "extra_tags"  # "</think> ... <think>": the close comes first
         before, rest = text.split(THINK_OPEN)
         if before.strip():
             return "text_before_think"
-        if THINK_CLOSE not in rest:
-            return "extra_tags"  # "</think> ... <think>": the close comes first
         reasoning, answer = rest.split(THINK_CLOSE)
     if not reasoning.strip():
         return "empty_reasoning"
@@ -126,7 +133,8 @@ def score(completion: Any, answer: Any = None, *, think_in_prompt: bool = False)
     return verify(completion, answer, think_in_prompt=think_in_prompt)[0]
 
 
-def _prompt_opens_think(prompt: Any) -> bool:
+def prompt_opens_think(prompt: Any) -> bool:
+    """Whether a string prompt ends with ``<think>`` (the completion starts inside it)."""
     return isinstance(prompt, str) and prompt.rstrip().endswith(THINK_OPEN)
 
 
@@ -147,7 +155,7 @@ def format_reward(
     return [
         score(
             completion,
-            think_in_prompt=_prompt_opens_think(prompt)
+            think_in_prompt=prompt_opens_think(prompt)
             if think_in_prompt is None
             else think_in_prompt,
         )
