@@ -284,6 +284,8 @@ def _canonical_unit(raw: str, power: str | None = None) -> str | None:
 
 def _split_quantity(text: str) -> tuple[str, str | None, bool]:
     """(value text, canonical unit or None, is a percentage); see "Units" and "Percent"."""
+    if _PLAIN_NUMBER.fullmatch(text):
+        return text, None, False  # the common case, kept fast
     unit: str | None = None
     if (match := _PERCENT_SUFFIX.match(text)) and match["value"].strip():
         return _scientific_to_plain(match["value"].strip()), None, True
@@ -329,6 +331,8 @@ def _strip_delimiters(text: str) -> str:
 
 def _normalize(text: str) -> str:
     """Canonical text of one answer (see the module docstring, "Comparison")."""
+    if _PLAIN_NUMBER.fullmatch(stripped := text.strip()):
+        return stripped  # the common case, kept fast
     text = _strip_delimiters(text.translate(_UNICODE_TO_ASCII))
     for _ in range(3):  # \text{\boxed{5}} and the like; bounded.
         unwrapped = _LONE_WRAPPER.sub(r"\1", text).strip()
@@ -436,7 +440,7 @@ def _locate_final_answer(completion: str, marker: str) -> tuple[str | None, str]
     candidates.sort()
 
     group = [a for a in _final_group(text, candidates) if _strip_delimiters(a)]
-    if len({_comparison_key(a) for a in group}) > 1:
+    if len(group) > 1 and len({_comparison_key(a) for a in group}) > 1:
         return None, "hedged"
     answer = _strip_delimiters(candidates[-1][2])
     return (answer, "ok") if answer else (None, "no_answer")
