@@ -17,6 +17,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -83,6 +84,9 @@ class LabConfig:
     """Sampled completions per held-out problem for the start and end pass@1."""
     progress: bool = True
     """Show progress bars."""
+    verifier: str = "strict"
+    """Training reward: strict (the math verifier) or weak (substring match, gameable: a
+    demonstration of reward hacking). Held-out accuracy and the monitor always use strict."""
     recipe: str | None = None
     """A named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) whose switches
     replace the GRPO defaults; --grpo.* flags and --set still override it."""
@@ -153,9 +157,21 @@ def build_base_model(
     return directory, False
 
 
+def training_reward(name: str):
+    """The training reward function of `--verifier NAME`."""
+    if name == "strict":
+        return math_verifier.math_reward
+    if name == "weak":
+        from rlvr.verifiers.weak import weak_math_reward
+
+        return weak_math_reward
+    raise ValueError(f"unknown verifier {name!r}; choose strict or weak")
+
+
 def run_lab(config: LabConfig) -> dict:
     """The whole lab; returns the summary written to summary.json."""
     check_grpo_config(config.grpo)
+    reward_fn = training_reward(config.verifier)
     min_tokens = arithmetic.max_solution_chars(config.task) + 1  # + EOS
     if config.grpo.max_new_tokens < min_tokens:
         raise ValueError(
@@ -209,12 +225,13 @@ def run_lab(config: LabConfig) -> dict:
         model,
         tokenizer,
         train_rows,
-        [math_verifier.math_reward],
+        [reward_fn],
         config.grpo,
         run,
         evaluate,
         seed=config.seed,
         progress=config.progress,
+        strict_reward_fn=math_verifier.math_reward,
     )
     rl_seconds = time.perf_counter() - rl_start
 
@@ -239,8 +256,12 @@ def run_lab(config: LabConfig) -> dict:
         "rl_seconds": rl_seconds,
         "wall_seconds": time.perf_counter() - start,
         "median_step_seconds": _median([r["time/step_s"] for r in steps]),
+        "verifier": config.verifier,
+        "hacking_monitor": _monitor_summary(records),
     }
     run.write_summary(summary)
+    if summary["hacking_monitor"]["warning"]:
+        print(f"[rlvr] WARNING: {summary['hacking_monitor']['warning']}", file=sys.stderr)
     _say(
         config,
         f"held-out accuracy: greedy {summary['base_greedy_acc']:.3f} -> "
@@ -249,6 +270,21 @@ def run_lab(config: LabConfig) -> dict:
         f"see {run.path}/",
     )
     return summary
+
+
+def _monitor_summary(records: list[dict]) -> dict:
+    checks = [r for r in records if "monitor/gap" in r]
+    flagged = [r["step"] for r in checks if r["monitor/flagged"]]
+    return {
+        "checks": len(checks),
+        "flagged_steps": flagged,
+        "max_gap": max((r["monitor/gap"] for r in checks), default=None),
+        "warning": (
+            "training reward diverged from strict accuracy: the reward is being gamed"
+            if flagged
+            else None
+        ),
+    }
 
 
 def _plot_title(task: ArithmeticTaskConfig, base: dict, final: dict) -> str:

@@ -99,6 +99,13 @@ class GRPOConfig:
     """GAE lambda (gae only)."""
     value_clip: float = 0.2
     """Value-loss clip range (gae only)."""
+    monitor_every: int = 5
+    """Hacking monitor: every N steps re-score a sample of completions with the strict
+    verifier and log the gap to the training reward (0 turns it off)."""
+    monitor_samples: int = 32
+    """Completions the monitor re-scores."""
+    monitor_gap: float = 0.2
+    """Warn when the training reward exceeds strict accuracy by more than this."""
     eval_every: int = 20
     """Evaluate held-out accuracy every N steps, at steps 1, 2, 4, 8, ... below N (where
     the curve moves fastest), before the first step and after the last."""
@@ -353,11 +360,15 @@ def train_grpo(
     seed: int,
     reward_weights: Sequence[float] | None = None,
     progress: bool = True,
+    strict_reward_fn: RewardFn | None = None,
 ) -> list[dict[str, Any]]:
     """Run `config.steps` steps, logging to `run`; returns the metric records.
 
     `evaluate(model)` returns held-out metrics (logged under `eval/`), called before the first
-    step, on the schedule of `is_eval_step`, and after the last.
+    step, on the schedule of `is_eval_step`, and after the last. `strict_reward_fn` (TRL
+    signature) is the hacking monitor's verifier: every `monitor_every` steps it re-scores a
+    sample of the step's completions, and a training reward above it by more than
+    `monitor_gap` is logged (`monitor/*`) and warned about.
     """
     check_grpo_config(config)
     weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_fns)
@@ -389,6 +400,15 @@ def train_grpo(
             if step % config.ref_sync_every == 0:
                 algo.sync_reference(models.reference, model, config.ref_sync_alpha)
         record: dict[str, Any] = {"step": step, **metrics}
+        if strict_reward_fn is not None and config.monitor_every > 0 and len(rewards) > 0:
+            if step % config.monitor_every == 0:
+                record.update(monitor_hacking(strict_reward_fn, rows, batch, rewards, config))
+                if record["monitor/flagged"]:
+                    tqdm.write(
+                        f"[rlvr] step {step}: training reward {record['monitor/train_reward']:.2f}"
+                        f" but strict accuracy {record['monitor/strict_acc']:.2f} on the same "
+                        "completions: the reward is being gamed (see docs/metrics.md, monitor/)"
+                    )
         if is_eval_step(step, config.eval_every, config.steps):
             last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
             record.update(last_eval)
@@ -402,6 +422,32 @@ def train_grpo(
             s_per_step=f"{metrics['time/step_s']:.2f}",
         )
     return records
+
+
+def monitor_hacking(
+    strict_reward_fn: RewardFn,
+    rows: list[dict[str, Any]],
+    batch: RolloutBatch,
+    rewards: torch.Tensor,
+    config: GRPOConfig,
+) -> dict[str, float]:
+    """Re-score the first `monitor_samples` completions with the strict verifier."""
+    n = min(config.monitor_samples, len(batch.completions))
+    row_of_group = {g: i for i, g in enumerate(batch.group_ids.unique().tolist())}
+    sample_rows = [rows[row_of_group[int(g)]] for g in batch.group_ids[:n]]
+    columns = {k: [r[k] for r in sample_rows] for k in sample_rows[0] if k != "prompt"}
+    strict, _ = total_rewards(
+        [strict_reward_fn], [1.0], [r["prompt"] for r in sample_rows], batch.completions[:n],
+        columns,
+    )  # fmt: skip
+    train_reward, strict_acc = rewards[:n].mean().item(), strict.mean().item()
+    gap = train_reward - strict_acc
+    return {
+        "monitor/train_reward": train_reward,
+        "monitor/strict_acc": strict_acc,
+        "monitor/gap": gap,
+        "monitor/flagged": float(gap > config.monitor_gap),
+    }
 
 
 def is_eval_step(step: int, every: int, last: int) -> bool:
