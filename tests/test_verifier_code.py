@@ -24,7 +24,7 @@ from rlvr.verifiers.sandbox import (
     SandboxResult,
     processes_in_session,
     processes_of_uid,
-    run_python,
+    run_python_many,
     sandbox_capabilities,
 )
 
@@ -52,11 +52,11 @@ def runs(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[SandboxResult]]:
     recorded: list[SandboxResult] = []
 
     def recording(*args, **kwargs):
-        result = run_python(*args, **kwargs)
+        result = run_python_many(*args, **kwargs)
         recorded.append(result)
         return result
 
-    monkeypatch.setattr(code_verifier, "run_python", recording)
+    monkeypatch.setattr(code_verifier, "run_python_many", recording)
     yield recorded
     for result in recorded:
         deadline = time.monotonic() + 2.0
@@ -87,7 +87,8 @@ def test_correct_program_passes_every_test(runs) -> None:
     assert parts["reason"] == "passed" and parts["passed"] == parts["total"] == 3
     assert _reasons(parts) == ["passed"] * 3
     assert all(t["check"] == "parent" for t in parts["tests"])
-    assert len(runs) == 3  # one fresh sandbox per test
+    assert len(runs) == 1 and len(runs[0].runs) == 3  # one sandbox, a fresh process per test
+    assert all(run.completed and run.returncode == 0 for run in runs[0].runs)
 
 
 def test_wrong_and_partial_programs_score_the_pass_fraction(runs) -> None:
@@ -121,7 +122,8 @@ def test_exceptions_and_invalid_tests(runs) -> None:
 def test_module_level_failure_is_not_rerun(runs) -> None:
     reward, parts = verify("raise RuntimeError('boom')\n", ADD_TESTS, FAST)
     assert reward == 0.0 and _reasons(parts) == ["crash"] * 3
-    assert len(runs) == 1 and "not rerun" in parts["tests"][2]["detail"]
+    assert [run.completed for run in runs[0].runs] == [True, False, False]
+    assert "not rerun" in parts["tests"][2]["detail"]
 
 
 @pytest.mark.parametrize(
@@ -226,7 +228,8 @@ def test_pooled_batch_keeps_order() -> None:
 def test_infinite_loop_times_out(runs) -> None:
     reward, parts, elapsed = _timed("while True:\n    pass\n", ADD_TESTS)
     assert reward == 0.0 and _reasons(parts) == ["timeout"] * 3
-    assert len(runs) == 1  # the module never finished: the other tests are not rerun
+    # the module never finished: the other tests are not rerun
+    assert [run.completed for run in runs[0].runs] == [True, False, False]
     assert elapsed < FAST.wall_s + SLACK_S
 
 

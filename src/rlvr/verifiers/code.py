@@ -74,7 +74,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from rlvr.verifiers.sandbox import SandboxLimits, run_python
+from rlvr.verifiers.sandbox import RunResult, SandboxLimits, run_python_many
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -607,6 +607,10 @@ def _safe_call(name: str, func: Any, args: list[Any], kwargs: dict[str, Any]) ->
     ):
         if abs(args[0]).bit_length() > 13_000:  # int->str is quadratic; 4300 digits is the cap
             raise _JudgeLimit("int too large to print")
+    if name == "sum" and args:
+        start = args[1] if len(args) > 1 else kwargs.get("start", 0)
+        if not isinstance(start, (int, float, complex)) and len(args[0]) > 10_000:
+            raise _JudgeLimit("sum of sequences too long")  # sum(lists, []) is quadratic
     if name in ("zip", "enumerate", "reversed", "map"):
         return list(func(*args, **kwargs))  # materialise: values are finite plain data
     return _check_size(func(*args, **kwargs))
@@ -692,25 +696,16 @@ def _failure_reason(exc_name: str) -> str:
     return "memory" if exc_name == "MemoryError" else "crash"
 
 
-def _run_test(code: str, plan: _Plan, limits: SandboxLimits) -> tuple[dict, bool]:
-    """(test record, whether the program failed before the test could start)."""
-    payload = {
-        "code": code,
-        "probes": plan.probes,
-        "limits": [MAX_VALUE_CHARS, MAX_VALUE_ITEMS, MAX_VALUE_DEPTH],
-    }
-    res = run_python(_DRIVER, payload, limits)
-    wall = res.wall_s
-    if res.setup_error or not res.started:
-        detail = res.setup_error or ("start-up timed out" if res.timed_out else "did not start")
-        return _test_record(plan, "error", f"sandbox: {detail}", wall), True
+def _interpret(plan: _Plan, run: RunResult) -> tuple[dict, bool]:
+    """(test record, whether the program failed before the test could start) for one run."""
+    wall = run.wall_s
     exec_ok = False
     exec_error: str | None = None
     outcomes: dict[int, Any] = {}
     try:
-        if res.overflow:
+        if run.overflow:
             raise _ProtocolError("result flood")
-        for message in res.messages:
+        for message in run.messages:
             if not isinstance(message, list) or not message:
                 raise _ProtocolError("bad message")
             kind = message[0]
@@ -734,17 +729,17 @@ def _run_test(code: str, plan: _Plan, limits: SandboxLimits) -> tuple[dict, bool
             else:
                 raise _ProtocolError(f"unexpected message {str(kind)[:30]}")
     except (_ProtocolError, RecursionError) as exc:
-        return _test_record(plan, "crash", f"bad result: {exc}", wall), False
+        return _test_record(plan, "crash", f"bad result: {exc}", wall), not exec_ok
     if exec_error is not None:
         return _test_record(plan, _failure_reason(exec_error), f"raised {exec_error}", wall), True
     if len(outcomes) < len(plan.probes):
-        if res.timed_out or res.cpu_limited:
-            limit = "wall clock" if res.timed_out else "cpu"
+        if run.timed_out or run.cpu_limited:
+            limit = "wall clock" if run.timed_out else "cpu"
             return _test_record(plan, "timeout", f"{limit} limit", wall), not exec_ok
         how = (
-            f"killed by signal {-res.returncode}"
-            if res.returncode is not None and res.returncode < 0
-            else f"exited ({res.returncode}) before the test finished"
+            f"killed by signal {run.signal}"
+            if run.signal is not None
+            else f"exited ({run.returncode}) before the test finished"
         )
         return _test_record(plan, "crash", how, wall), not exec_ok
     env = {_probe_name(i): value for i, value in outcomes.items()}
@@ -760,6 +755,37 @@ def _run_test(code: str, plan: _Plan, limits: SandboxLimits) -> tuple[dict, bool
     except Exception as exc:  # the assertion itself raised (TypeError on None < 3, ...)
         return _test_record(plan, "wrong", f"test raised {type(exc).__name__}", wall), False
     return _test_record(plan, "passed" if passed else "wrong", None, wall), False
+
+
+def _run_tests(code: str, plans: list[_Plan], limits: SandboxLimits) -> list[dict]:
+    """One sandbox for the program; each test a fresh process in it (module docstring)."""
+    payloads = [
+        {
+            "code": code,
+            "probes": plan.probes,
+            "limits": [MAX_VALUE_CHARS, MAX_VALUE_ITEMS, MAX_VALUE_DEPTH],
+        }
+        for plan in plans
+    ]
+    res = run_python_many(_DRIVER, payloads, limits, stop_marker=["exec_ok"])
+    if res.setup_error or not res.started:
+        detail = res.setup_error or ("start-up timed out" if res.timed_out else "did not start")
+        return [_test_record(plan, "error", f"sandbox: {detail}") for plan in plans]
+    records: list[dict] = []
+    module_failure: dict | None = None
+    for plan, run in zip(plans, res.runs):
+        if module_failure is not None:
+            detail = f"{module_failure['detail']} (module level; not rerun)"
+            records.append(_test_record(plan, module_failure["reason"], detail))
+        elif not run.completed:  # the sandbox itself ran out of time or died
+            reason = "timeout" if res.timed_out else "error"
+            records.append(_test_record(plan, reason, "sandbox ended before this test"))
+        else:
+            record, failed_early = _interpret(plan, run)
+            records.append(record)
+            if failed_early:
+                module_failure = record
+    return records
 
 
 def _normalize_tests(tests: Any) -> list[Any] | None:
@@ -803,18 +829,13 @@ def _grade(code: Any, tests: Any, limits: SandboxLimits, parts: dict[str, Any]) 
         parts["reason"] = "syntax_error"
         parts["tests"] = [_test_record(p, "syntax_error", type(exc).__name__) for p in plans]
         return 0.0
-    module_failure: dict | None = None
+    runnable = [plan for plan in plans if plan.error is None]
+    results = iter(_run_tests(code, runnable, limits) if runnable else [])
     for plan in plans:
         if plan.error is not None:
             records.append(_test_record(plan, "invalid_test", plan.error))
-        elif module_failure is not None:
-            detail = f"{module_failure['detail']} (module level; not rerun)"
-            records.append(_test_record(plan, module_failure["reason"], detail))
         else:
-            record, failed_early = _run_test(code, plan, limits)
-            records.append(record)
-            if failed_early:
-                module_failure = record
+            records.append(next(results))
     parts["tests"] = records
     passed = sum(1 for r in records if r["reason"] == "passed")
     parts["passed"] = passed

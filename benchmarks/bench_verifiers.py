@@ -1,0 +1,148 @@
+"""Verifications per second on this machine: the math verifier and the code verifier.
+
+    python benchmarks/bench_verifiers.py                 # defaults: 400 math items, 32 programs
+    python benchmarks/bench_verifiers.py --math-items 1000 --programs 64
+
+Math: ``rlvr.verifiers.math.score`` against ``math_verify.parse`` + ``math_verify.verify`` called
+directly, on the same completions (the answer in ``\\boxed{}``) and references: integer answers
+(rlvr's exact Decimal fast path) and LaTeX answers written differently from the reference
+(``\\frac{2a}{2b}`` for ``\\frac{a}{b}``, so both go through sympy). Every item is distinct, so
+no parse cache helps; half of the answers are wrong.
+
+Code: ``rlvr.verifiers.code.verify`` one program after another against ``verify_batch`` with a
+thread pool of sandboxes; each program has three ``assert`` tests, each test its own sandboxed
+process. Half of the programs are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+
+from math_verify import parse as mv_parse
+from math_verify import verify as mv_verify
+
+from rlvr.verifiers.code import verify as code_verify
+from rlvr.verifiers.code import verify_batch
+from rlvr.verifiers.math import score as math_score
+from rlvr.verifiers.sandbox import missing_protections, sandbox_capabilities
+
+
+def integer_items(n: int, rng: random.Random) -> list[tuple[str, str]]:
+    items = []
+    for i in range(n):
+        a, b = rng.randint(100, 999), rng.randint(100, 999) + 1000 * i
+        answer = a + b + (i % 2)  # every other answer is off by one
+        items.append(
+            (f"{a}+{b}: add the columns, so the answer is \\boxed{{{answer}}}.", str(a + b))
+        )
+    return items
+
+
+def latex_items(n: int, rng: random.Random) -> list[tuple[str, str]]:
+    items = []
+    for i in range(n):
+        p, q = rng.randint(1, 50) + 100 * i, rng.randint(51, 99)
+        kind = i % 4
+        if kind == 0:
+            gold, said = f"\\frac{{{p}}}{{{q}}}", f"\\frac{{{2 * p}}}{{{2 * q}}}"
+        elif kind == 1:
+            gold, said = f"\\frac{{{p}}}{{{q}}}", f"\\frac{{{p + 1}}}{{{q}}}"
+        elif kind == 2:
+            gold, said = f"{p}\\sqrt{{{q}}}", f"\\sqrt{{{q}}} \\cdot {p}"
+        else:
+            gold, said = f"{p}\\pi", f"{p + 1}\\pi"
+        items.append((f"Simplifying, we get \\boxed{{{said}}}.", gold))
+    return items
+
+
+def rlvr_math(items: list[tuple[str, str]]) -> float:
+    return sum(math_score(completion, gold) for completion, gold in items)
+
+
+def direct_math_verify(items: list[tuple[str, str]]) -> float:
+    return sum(
+        float(mv_verify(mv_parse(f"${gold}$"), mv_parse(completion))) for completion, gold in items
+    )
+
+
+def code_items(n: int) -> tuple[list[str], list[list[str]]]:
+    programs, tests = [], []
+    for i in range(n):
+        offset = i if i % 2 else 0  # odd programs are wrong
+        programs.append(
+            f"def solve(xs):\n    total = 0\n    for x in xs:\n        total += x * x\n"
+            f"    return total + {offset}\n"
+        )
+        tests.append(
+            [
+                f"assert solve([1, 2, {i}]) == {5 + i * i}",
+                "assert solve([]) == 0",
+                f"assert solve(list(range({i + 3}))) == {sum(k * k for k in range(i + 3))}",
+            ]
+        )
+    return programs, tests
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--math-items", type=int, default=400)
+    parser.add_argument("--programs", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    cpus = os.cpu_count() or 1
+    rows: list[tuple[str, str, int, float, str]] = []  # (group, what, n, seconds, ratio)
+
+    # warm up imports and sympy on items not measured
+    warm = integer_items(4, rng) + latex_items(4, rng)
+    rlvr_math(warm), direct_math_verify(warm)
+
+    for label, make in (("integer", integer_items), ("LaTeX", latex_items)):
+        items = make(args.math_items, random.Random(rng.random()))
+        t_rlvr, s_rlvr = timed(lambda items=items: rlvr_math(items))
+        t_mv, s_mv = timed(lambda items=items: direct_math_verify(items))
+        rows.append((f"math, {label}", "math_verify parse+verify", len(items), t_mv, "1.00"))
+        ratio = f"{t_mv / t_rlvr:.2f}"
+        rows.append((f"math, {label}", "rlvr.verifiers.math.score", len(items), t_rlvr, ratio))
+        print(f"# math {label}: rlvr passed {s_rlvr:.0f}, math_verify {s_mv:.0f}", file=sys.stderr)
+
+    caps = sandbox_capabilities()
+    programs, tests = code_items(args.programs)
+    code_verify(programs[0], tests[0])  # warm-up
+    t_single, single = timed(lambda: [code_verify(p, t) for p, t in zip(programs, tests)])
+    rows.append(("code", "verify, one at a time", len(programs), t_single, "1.00"))
+    for workers in sorted({cpus, 2 * cpus}):
+        t_pool, pooled = timed(lambda w=workers: verify_batch(programs, tests, workers=w))
+        assert [r for r, _ in pooled] == [r for r, _ in single]  # type: ignore[union-attr]
+        ratio = f"{t_single / t_pool:.2f}"
+        rows.append(("code", f"verify_batch, {workers} workers", len(programs), t_pool, ratio))
+
+    print(f"machine: {cpus} CPUs, Python {sys.version.split()[0]}")
+    print(f"sandbox protections: {', '.join(k for k, v in caps.items() if v)}")
+    print(f"sandbox missing: {', '.join(missing_protections(caps)) or 'nothing'}")
+    tests_per_program = len(tests[0])
+    print()
+    print("| verifier | how | items | seconds | verifications/s | ratio |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for group, what, n, seconds, ratio in rows:
+        rate = f"{n / seconds:,.1f}"
+        if group == "code":
+            rate += f" ({n * tests_per_program / seconds:,.0f} tests/s)"
+        print(f"| {group} | {what} | {n} | {seconds:.2f} | {rate} | {ratio} |")
+    print()
+    print("ratio: speed relative to the first row of its group (higher is faster).")
+
+
+if __name__ == "__main__":
+    main()
