@@ -261,6 +261,24 @@ def test_fork_bomb_is_bounded_and_cleaned_up(runs) -> None:
     assert verify(daemon, ["assert f(1) == 2"], FAST)[0] == 1.0
 
 
+@pytest.mark.skipif(not CAPS["pid_namespace"] or not CAPS["chroot"], reason="no PID/mount ns")
+def test_nothing_carries_over_between_tests(runs) -> None:
+    # each test's process sees a clean /work and /tmp and no process of an earlier test
+    program = (
+        "import os, time\n"
+        "FILES = sorted(os.listdir('.') + os.listdir('/tmp'))\n"
+        "PIDS = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "open('left.txt', 'w').write('x')\n"
+        "open('/tmp/left.txt', 'w').write('x')\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(60)\n"
+        "def f():\n"
+        "    return FILES, len(PIDS)\n"
+    )
+    reward, parts = verify(program, ["assert f() == ([], 2)"] * 3, FAST)  # manager + itself
+    assert reward == 1.0, parts
+
+
 @pytest.mark.parametrize(
     "program",
     [

@@ -16,16 +16,19 @@ What is graded.
 
 Tests.
   * Each test is one statement, ``assert EXPR`` (a message after the comma is ignored) or a
-    bare ``EXPR``. Each is scored on its own, in a fresh sandboxed process that runs the whole
-    program and then that test: the reward is passed / total. A test that does not parse, or is
-    not a single expression statement, counts as failed (``invalid_test``).
+    bare ``EXPR``. Each is scored on its own: the reward is passed / total. A test that does
+    not parse, or is not a single expression statement, counts as failed (``invalid_test``).
+  * One sandbox per program; each test runs in a fresh process of it (forked by the sandbox's
+    trusted manager, never reused) that executes the whole program and then that test, with
+    its own time, CPU and memory limits. Processes and files a test leaves behind are removed
+    before the next test starts.
   * Reasons per test: ``passed``, ``wrong`` (the assertion is false, or evaluating it in the
     parent raised, e.g. comparing ``None < 3``), ``timeout`` (wall clock or CPU limit),
     ``memory`` (``MemoryError``), ``crash`` (an exception, a signal, or an exit before the test
     finished, ``sys.exit`` included), ``syntax_error``, ``invalid_test``, ``error`` (the
     sandbox itself failed). The program's own exceptions name their type in ``detail``.
   * When the program fails before any test could run (an exception, exit or timeout at module
-    level), the remaining tests are not rerun: they get the same reason (detail says so).
+    level), the remaining tests are not run: they get the same reason (detail says so).
 
 How a pass is decided (the program cannot fake one).
   * The test expression is split with ``ast``. The parts the parent can evaluate itself on
@@ -48,12 +51,13 @@ How a pass is decided (the program cannot fake one).
     expected side of ``f(x) == 3`` therefore never enters the sandbox: nothing the program
     prints, exits with, patches, or writes to the result pipe can do better than returning the
     right value. Exits before the results (``sys.exit``, ``os._exit``, ``os.kill``), floods and
-    duplicate or untagged result lines count as ``crash``.
+    malformed or duplicate results count as ``crash``.
   * Weaker guarantee (``check == "child"``, counted in ``parts["child_checked"]``): when a probe
-    itself contains a comparison or boolean logic (``all(f(i) == i for i in r)``, or a key
-    ``lambda``), or no name of the program, that comparison ran inside the sandbox, where the
-    program could have replaced it; such a test's verdict can be forged by a program that
-    defeats Python from within (custom ``__eq__`` on elements, introspection of the driver).
+    itself contains a comparison or boolean logic (``all(f(i) == i for i in r)``), or names
+    nothing of the program (a part of the test the parent cannot evaluate), that part ran
+    inside the sandbox, where the program could have replaced it; such a test's verdict can be
+    forged by a program that defeats Python from within (an ``__eq__`` that is always true on
+    the elements, introspection of the driver).
   * Builtins are the real ones in the parent: a program that shadows ``sorted`` or ``len`` does
     not change how the test's own calls of them are evaluated.
 

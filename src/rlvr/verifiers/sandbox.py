@@ -863,7 +863,8 @@ def _finish(proc: subprocess.Popen, uid: int | None, result: SandboxResult) -> b
     group is SIGKILLed (and the private uid swept) only if the harness does not exit in time.
     """
     escalated = False
-    if not _wait(proc, result, 0.0):
+    # after a normal end the harness is exiting anyway: give it a moment before SIGTERM
+    if not _wait(proc, result, 0.0 if result.timed_out else 0.5):
         try:
             proc.send_signal(signal.SIGTERM)
         except OSError:
