@@ -797,6 +797,11 @@ def _normalize_tests(tests: Any) -> list[Any] | None:
         return [line for line in tests.splitlines() if line.strip()]
     if isinstance(tests, (list, tuple)):
         return list(tests)
+    if hasattr(tests, "__iter__") and not isinstance(tests, (bytes, dict)):
+        try:
+            return list(tests)  # a numpy array or another sequence from a dataset column
+        except Exception:
+            return None
     return None
 
 

@@ -944,6 +944,8 @@ def _communicate(
                     result.setup_error = "result pipe over its cap"
                     return
                 buffer += chunk
+                if b"\n" not in chunk:
+                    continue  # a long line still arriving: split only when it ends
                 *lines, rest = bytes(buffer).split(b"\n")
                 buffer = bytearray(rest)
                 for line in lines:
