@@ -292,6 +292,11 @@ def pid_namespace():
 
 step("pid_namespace", pid_namespace)
 IN_PIDNS = bool(report.get("pid_namespace")) and os.getpid() == 1
+# Without a PID namespace the manager finds leftovers through the host's /proc, which a private
+# root hides: keep a handle on it (closed in every child before anything else runs there).
+PROC_FD = None
+if not IN_PIDNS and UID is not None:
+    PROC_FD = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
 
 # --- private root (manager) -----------------------------------------------------------------
 
@@ -351,11 +356,15 @@ def sweep_uid(uid):
     """SIGKILL every process of ``uid`` (a /proc scan) and reap our children, until none is left."""
     for _ in range(500):
         alive = []
-        for name in os.listdir("/proc"):
+        for name in os.listdir(PROC_FD):
             if name.isdigit():
                 try:
-                    with open("/proc/%s/status" % name, "rb") as f:
-                        fields = dict(l.split(b":", 1) for l in f.read().splitlines() if b":" in l)
+                    fd = os.open(name + "/status", os.O_RDONLY, dir_fd=PROC_FD)
+                    try:
+                        status = os.read(fd, 1 << 16)
+                    finally:
+                        os.close(fd)
+                    fields = dict(l.split(b":", 1) for l in status.splitlines() if b":" in l)
                     zombie = fields[b"State"].strip().startswith(b"Z")
                     if int(fields[b"Uid"].split()[0]) == uid and not zombie:
                         alive.append(int(name))
@@ -380,12 +389,18 @@ def kill_leftovers(child):
             pass
         reap_all(True)
     elif UID is not None:
-        sweep_uid(UID)
-    else:
         try:
-            os.killpg(child, signal.SIGKILL)  # the child's own group; escapes are possible here
+            sweep_uid(UID)
         except OSError:
-            pass
+            pass  # the parent sweeps again at the end
+    else:  # the child's group was killed before the child was reaped (run_one): reap it
+        while True:
+            try:
+                os.waitpid(-child, 0)
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
         reap_all(False)
 
 def clear_dir(path):
@@ -403,7 +418,7 @@ def clear_dir(path):
         except OSError:
             pass
 
-if not IN_PIDNS and UID is not None:
+if not IN_PIDNS:
     try:
         prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the children come back here to be reaped
     except OSError:
@@ -438,6 +453,8 @@ def drop_capabilities():
 DRIVER = compile(job["driver"], "<driver>", "exec")
 
 def child(payload, write_fd):
+    if PROC_FD is not None:
+        os.close(PROC_FD)  # a directory outside the private root: never in untrusted hands
     if not IN_PIDNS and UID is None:
         os.setpgid(0, 0)  # the manager's only handle on what it leaves; see kill_leftovers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -547,6 +564,11 @@ def run_one(index, payload):
     if not exited:
         try:
             os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if not IN_PIDNS and UID is None:
+        try:  # while the child is unreaped its pid (= its group's id) cannot be reused
+            os.killpg(pid, signal.SIGKILL)  # the child's own group; escapes are possible here
         except OSError:
             pass
     _, status, usage = wait_child(pid)
