@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import pytest
 
 from rlvr.verifiers import code as code_verifier
+from rlvr.verifiers import sandbox
 from rlvr.verifiers.code import code_reward, extract_code, score, verify, verify_batch
 from rlvr.verifiers.sandbox import (
     SandboxLimits,
@@ -277,6 +278,20 @@ def test_nothing_carries_over_between_tests(runs) -> None:
     )
     reward, parts = verify(program, ["assert f() == ([], 2)"] * 3, FAST)  # manager + itself
     assert reward == 1.0, parts
+
+
+@pytest.mark.skipif(not CAPS["unprivileged_user"], reason="needs root for the private uid")
+@pytest.mark.parametrize("without", [("pid_namespace",), ("pid_namespace", "chroot")])
+def test_fallbacks_still_clean_up(runs, monkeypatch: pytest.MonkeyPatch, without) -> None:
+    # machines without some namespaces take other code paths: the manager then sweeps the
+    # private uid through /proc between tests
+    steps = sandbox._steps()
+    monkeypatch.setattr(sandbox, "_steps", lambda: {**steps, **dict.fromkeys(without, False)})
+    daemon = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\n" + ADD
+    reward, parts, elapsed = _timed(daemon, ADD_TESTS)
+    assert reward == 1.0, parts
+    assert runs[0].leftover_killed == 0  # the manager had already killed every daemon
+    assert elapsed < FAST.wall_s + SLACK_S
 
 
 @pytest.mark.parametrize(
