@@ -52,7 +52,9 @@ def child(size: str, setup: str) -> None:
     torch.set_num_threads(2)
     tokenizer = build_char_tokenizer()
     problems = train_problems(ArithmeticTaskConfig(), seed=0)
-    config = apply_overrides(GRPOConfig(prompts_per_step=8, group_size=4), SETUPS[setup])
+    config = apply_overrides(
+        GRPOConfig(prompts_per_step=8, group_size=4, max_new_tokens=48), SETUPS[setup]
+    )
     baseline = current_rss_mb()
     policy = build_tiny_model(TinyModelConfig(**SIZES[size]), tokenizer, seed=0)
     models = build_models(policy, config)

@@ -1,17 +1,18 @@
 """End-to-end smoke of the lab and the CLI on a deliberately tiny configuration."""
 
+import dataclasses
 import json
 
 import pytest
 
 from rlvr.cli import main
 from rlvr.models.tiny import TinyModelConfig
-from rlvr.pipelines.lab import BaseConfig, build_base_model
+from rlvr.pipelines.lab import BaseConfig, LabConfig, base_model_key, build_base_model, build_task
 from rlvr.report.run_dir import read_jsonl
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 
 TINY = [
-    "--task.digits", "2", "--task.held-out-size", "16",
+    "--arithmetic.digits", "2", "--arithmetic.held-out-size", "16",
     "--tiny.hidden-size", "32", "--tiny.num-layers", "1", "--tiny.num-heads", "2",
     "--tiny.intermediate-size", "64",
     "--base.steps", "4", "--base.batch-size", "8",
@@ -50,23 +51,29 @@ def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
 
     # the trained model evaluates from its directory
     capsys.readouterr()
-    main(["eval", "--model", str(run / "model"), "--task.digits", "2",
-          "--task.held-out-size", "16", "--max-new-tokens", "30"])  # fmt: skip
+    main(["eval", "--model", str(run / "model"), "--arithmetic.digits", "2",
+          "--arithmetic.held-out-size", "16", "--max-new-tokens", "30"])  # fmt: skip
     result = json.loads(capsys.readouterr().out)
     assert result["problems"] == 16 and 0 <= result["accuracy"] <= 1
 
 
 def test_base_model_is_cached_by_config_hash(tmp_path):
-    task = ArithmeticTaskConfig(digits=1, held_out_size=5)
-    tiny = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
-    base = BaseConfig(steps=2, batch_size=4)
-    first, cached_first = build_base_model(task, tiny, base, str(tmp_path), progress=False)
-    second, cached_second = build_base_model(task, tiny, base, str(tmp_path), progress=False)
+    config = LabConfig(
+        cache_dir=str(tmp_path), progress=False,
+        arithmetic=ArithmeticTaskConfig(digits=1, held_out_size=5),
+        tiny=TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
+        base=BaseConfig(steps=2, batch_size=4),
+    )  # fmt: skip
+    task = build_task(config)
+    first, cached_first = build_base_model(config, task)
+    second, cached_second = build_base_model(config, task)
     assert (first, cached_first, cached_second) == (second, False, True)
-    other, cached_other = build_base_model(
-        task, tiny, BaseConfig(steps=3, batch_size=4), str(tmp_path), progress=False
-    )
+    other_config = dataclasses.replace(config, base=BaseConfig(steps=3, batch_size=4))
+    other, cached_other = build_base_model(other_config, task)
     assert other != first and not cached_other
+    # the weak-verifier demo's base hedges, so it is a different base
+    weak = dataclasses.replace(config, verifier="weak")
+    assert base_model_key(weak) != base_model_key(config)
 
 
 def test_verify_command_explains_its_grade(capsys):

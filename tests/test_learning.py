@@ -8,14 +8,13 @@ select the carrying procedure. Held-out problems are never trained on.
 import torch
 
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
-from rlvr.pipelines.lab import flawed_corpus
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import GRPOConfig, train_grpo
 from rlvr.train.sft import train_next_token
-from rlvr.verifiers.math import math_reward, score
+from rlvr.verifiers.math import math_reward
 
 
 def test_grpo_raises_held_out_accuracy(tmp_path):
@@ -28,14 +27,15 @@ def test_grpo_raises_held_out_accuracy(tmp_path):
         seed=0,
     )
     train_next_token(
-        model, tokenizer, flawed_corpus(task, slip_prob=0.8, seed=0),
+        model, tokenizer, arithmetic.task_spec(task).corpus(0, 0.8),
         steps=BASE_STEPS, batch_size=16, lr=2e-3, progress=False,
     )  # fmt: skip
     held_out = arithmetic.rows(arithmetic.held_out_problems(task))
 
     def accuracy(m, temperature):
         return held_out_accuracy(
-            m, tokenizer, held_out, score, max_new_tokens=30, temperature=temperature,
+            m, tokenizer, held_out, arithmetic.task_spec(task).score, max_new_tokens=30,
+            temperature=temperature,
             num_samples=1 if temperature == 0 else 4, seed=1,
         )  # fmt: skip
 

@@ -21,19 +21,21 @@ from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """`rlvr eval`: held-out accuracy of a local model on the arithmetic task."""
+    """`rlvr eval`: held-out accuracy of a local model on a task."""
 
     model: str
     """A local Hugging Face model directory (for example runs/lab/model)."""
-    max_new_tokens: int = 48
-    """Completion budget in tokens."""
+    task: str = "arithmetic"
+    """arithmetic, code or tool."""
+    max_new_tokens: int | None = None
+    """Completion budget in tokens (None: the task's own)."""
     temperature: float = 0.0
     """0 is greedy; > 0 gives sampled pass@1 at that temperature."""
     num_samples: int = 1
     """Completions per problem (averaged) when sampling."""
     seed: int = 0
     """Sampling seed."""
-    task: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
 
 
 @dataclass(frozen=True)
@@ -116,19 +118,19 @@ def recipes(config: RecipesConfig) -> None:
 
 def evaluate(config: EvalConfig) -> None:
     from rlvr.models.tiny import load_model
-    from rlvr.tasks import arithmetic
+    from rlvr.pipelines.lab import build_task
     from rlvr.train.evaluate import held_out_accuracy
-    from rlvr.verifiers.math import score
 
+    task = build_task(LabConfig(task=config.task, arithmetic=config.arithmetic))
     model, tokenizer = load_model(config.model)
-    rows = arithmetic.rows(arithmetic.held_out_problems(config.task))
+    rows = task.held_out_rows()
     accuracy = held_out_accuracy(
-        model, tokenizer, rows, score, config.max_new_tokens,
+        model, tokenizer, rows, task.score, config.max_new_tokens or task.max_new_tokens,
         temperature=config.temperature, num_samples=config.num_samples, seed=config.seed,
     )  # fmt: skip
     mode = "greedy" if config.temperature == 0 else f"sampled at T={config.temperature}"
-    print(json.dumps({"model": config.model, "mode": mode, "problems": len(rows),
-                      "accuracy": accuracy}))  # fmt: skip
+    print(json.dumps({"model": config.model, "task": config.task, "mode": mode,
+                      "problems": len(rows), "accuracy": accuracy}))  # fmt: skip
 
 
 def verify(config: VerifyConfig) -> None:

@@ -15,11 +15,9 @@ import dataclasses
 import hashlib
 import json
 import os
-import random
 import shutil
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,12 +35,11 @@ from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.tasks.spec import TaskSpec
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import GRPOConfig, check_grpo_config, train_grpo
 from rlvr.train.sft import train_next_token
-from rlvr.verifiers import math as math_verifier
 
-OPERATION_NAMES = {"+": "addition", "-": "subtraction"}
 BASE_FORMAT_VERSION = 1  # bump when the corpus or base training changes meaning
 
 
@@ -50,8 +47,13 @@ BASE_FORMAT_VERSION = 1  # bump when the corpus or base training changes meaning
 class BaseConfig:
     """How the lab's base model is "pretrained" on a flawed corpus."""
 
-    slip_prob: float = 0.65
-    """Probability that each carry in a corpus solution is dropped (about half end wrong)."""
+    flaw_prob: float = 0.65
+    """Chance of each realistic mistake in the corpus; for arithmetic, that each carry is
+    dropped (about half the solutions end wrong and the wrong procedure is the majority)."""
+    hedge_prob: float | None = None
+    """Arithmetic: chance that a corpus solution hedges between both procedures' answers
+    (`#### 715 or 825`), which a weak verifier pays for and a strict one does not. None: 0.1
+    with --verifier weak (so there is something to game), else 0."""
     steps: int = 800
     """Next-token training steps."""
     batch_size: int = 16
@@ -64,7 +66,7 @@ class BaseConfig:
 
 @dataclass(frozen=True)
 class LabConfig:
-    """`rlvr lab`: build (or reuse) a base model, run GRPO on arithmetic, report."""
+    """`rlvr lab` / `rlvr train`: build (or reuse) a base model, run RL on a task, report."""
 
     run_name: str = "lab"
     """Name of the run directory under --runs-dir."""
@@ -92,7 +94,9 @@ class LabConfig:
     replace the GRPO defaults; --grpo.* flags and --set still override it."""
     set: tuple[str, ...] = ()
     """Overrides of GRPO switches as key=value (e.g. --set epsilon_high=0.28 beta=0.01)."""
-    task: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    task: str = "arithmetic"
+    """The task: arithmetic (math verifier), code (sandboxed asserts) or tool (tool calls)."""
+    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -104,47 +108,57 @@ def cache_root(cache_dir: str | None) -> Path:
     return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
 
 
-def base_model_key(task: ArithmeticTaskConfig, tiny: TinyModelConfig, base: BaseConfig) -> str:
+def build_task(config: LabConfig) -> TaskSpec:
+    """The TaskSpec of `config.task`."""
+    if config.task == "arithmetic":
+        return arithmetic.task_spec(config.arithmetic, hedge_prob=effective_hedge_prob(config))
+    if config.task == "code":
+        from rlvr.tasks import code_task
+
+        return code_task.task_spec()
+    if config.task == "tool":
+        from rlvr.tasks import tool_task
+
+        return tool_task.task_spec()
+    raise ValueError(f"unknown task {config.task!r}; choose arithmetic, code or tool")
+
+
+def effective_hedge_prob(config: LabConfig) -> float:
+    if config.base.hedge_prob is not None:
+        return config.base.hedge_prob
+    return 0.1 if config.verifier == "weak" else 0.0
+
+
+def base_model_key(config: LabConfig) -> str:
     """Hash of everything that determines the base model's weights."""
+    base = dataclasses.replace(config.base, hedge_prob=effective_hedge_prob(config))
     payload = {
         "version": BASE_FORMAT_VERSION,
-        "task": dataclasses.asdict(task),
-        "tiny": dataclasses.asdict(tiny),
+        "task": config.task,
+        "arithmetic": dataclasses.asdict(config.arithmetic)
+        if config.task == "arithmetic"
+        else None,
+        "tiny": dataclasses.asdict(config.tiny),
         "base": dataclasses.asdict(base),
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def flawed_corpus(
-    task: ArithmeticTaskConfig, slip_prob: float, seed: int
-) -> Iterator[tuple[str, str]]:
-    """Endless (prompt, worked solution) pairs, a `slip_prob` of carries dropped."""
-    rng = random.Random(seed + 1)
-    for problem in arithmetic.train_problems(task, seed):
-        yield problem.prompt, arithmetic.worked_solution(problem, slip_prob, rng)
-
-
-def build_base_model(
-    task: ArithmeticTaskConfig,
-    tiny: TinyModelConfig,
-    base: BaseConfig,
-    cache_dir: str | None = None,
-    progress: bool = True,
-) -> tuple[Path, bool]:
+def build_base_model(config: LabConfig, task: TaskSpec) -> tuple[Path, bool]:
     """Return (directory of the base model, whether it came from the cache)."""
-    directory = cache_root(cache_dir) / f"base-{base_model_key(task, tiny, base)}"
+    directory = cache_root(config.cache_dir) / f"base-{base_model_key(config)}"
     if (directory / "config.json").exists():
         return directory, True
     tokenizer = build_char_tokenizer()
-    model = build_tiny_model(tiny, tokenizer, seed=base.seed)
+    model = build_tiny_model(config.tiny, tokenizer, seed=config.base.seed)
     train_next_token(
         model,
         tokenizer,
-        flawed_corpus(task, base.slip_prob, base.seed),
-        steps=base.steps,
-        batch_size=base.batch_size,
-        lr=base.lr,
-        progress=progress,
+        task.corpus(config.base.seed, config.base.flaw_prob),
+        steps=config.base.steps,
+        batch_size=config.base.batch_size,
+        lr=config.base.lr,
+        progress=config.progress,
     )
     # write to a temporary name, then rename: a half-written base is never taken for a good one
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
@@ -157,27 +171,31 @@ def build_base_model(
     return directory, False
 
 
-def training_reward(name: str):
-    """The training reward function of `--verifier NAME`."""
+def training_reward(name: str, task: TaskSpec):
+    """The training reward function of `--verifier NAME` for `task`."""
     if name == "strict":
-        return math_verifier.math_reward
-    if name == "weak":
+        return task.reward_fn
+    if name == "weak" and task.name == "arithmetic":
         from rlvr.verifiers.weak import weak_math_reward
 
         return weak_math_reward
-    raise ValueError(f"unknown verifier {name!r}; choose strict or weak")
+    raise ValueError(f"unknown verifier {name!r} for task {task.name}; choose strict or weak")
 
 
 def run_lab(config: LabConfig) -> dict:
     """The whole lab; returns the summary written to summary.json."""
-    check_grpo_config(config.grpo)
-    reward_fn = training_reward(config.verifier)
-    min_tokens = arithmetic.max_solution_chars(config.task) + 1  # + EOS
-    if config.grpo.max_new_tokens < min_tokens:
-        raise ValueError(
-            f"grpo.max_new_tokens={config.grpo.max_new_tokens} is below the longest worked "
-            f"solution of this task ({min_tokens} tokens with EOS)"
+    task = build_task(config)
+    if config.grpo.max_new_tokens is None:
+        config = dataclasses.replace(
+            config, grpo=dataclasses.replace(config.grpo, max_new_tokens=task.max_new_tokens)
         )
+    check_grpo_config(config.grpo)
+    if config.grpo.max_new_tokens < task.min_new_tokens:
+        raise ValueError(
+            f"grpo.max_new_tokens={config.grpo.max_new_tokens} is below the longest correct "
+            f"completion of this task ({task.min_new_tokens} tokens with EOS)"
+        )
+    reward_fn = training_reward(config.verifier, task)
     torch.set_num_threads(config.threads)
     run = RunDirectory(config.runs_dir, config.run_name, overwrite=config.overwrite)
     run.write_config(config)
@@ -185,9 +203,7 @@ def run_lab(config: LabConfig) -> dict:
 
     # --- base model ------------------------------------------------------------------------
     if config.model is None:
-        base_dir, cached = build_base_model(
-            config.task, config.tiny, config.base, config.cache_dir, config.progress
-        )
+        base_dir, cached = build_base_model(config, task)
         _say(config, f"base model: {base_dir} ({'cached' if cached else 'trained'})")
     else:
         base_dir = Path(config.model)
@@ -196,14 +212,14 @@ def run_lab(config: LabConfig) -> dict:
     _say(config, f"{count_parameters(model):,} parameters, base ready in {base_seconds:.0f} s")
 
     # --- evaluation on the held-out split -------------------------------------------------
-    held_out = arithmetic.rows(arithmetic.held_out_problems(config.task))
+    held_out = task.held_out_rows()
     budget = config.grpo.max_new_tokens
 
     def evaluate(m: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
         return {
-            "greedy_acc": held_out_accuracy(m, tokenizer, held_out, math_verifier.score, budget),
+            "greedy_acc": held_out_accuracy(m, tokenizer, held_out, task.score, budget),
             "sampled_acc": held_out_accuracy(
-                m, tokenizer, held_out, math_verifier.score, budget,
+                m, tokenizer, held_out, task.score, budget,
                 temperature=config.grpo.temperature, num_samples=sampled_samples, seed=1,
             ),
         }  # fmt: skip
@@ -216,10 +232,7 @@ def run_lab(config: LabConfig) -> dict:
     )
 
     # --- GRPO ------------------------------------------------------------------------------
-    train_rows = iter(
-        {"prompt": p.prompt, "answer": p.answer}
-        for p in arithmetic.train_problems(config.task, seed=config.seed + 10_000)
-    )
+    train_rows = task.train_rows(config.seed + 10_000)
     rl_start = time.perf_counter()
     records = train_grpo(
         model,
@@ -231,14 +244,14 @@ def run_lab(config: LabConfig) -> dict:
         evaluate,
         seed=config.seed,
         progress=config.progress,
-        strict_reward_fn=math_verifier.math_reward,
+        strict_reward_fn=task.reward_fn,
     )
     rl_seconds = time.perf_counter() - rl_start
 
     # --- report ----------------------------------------------------------------------------
     final_eval = evaluate(model, config.eval_samples)
     save_model(model, tokenizer, run.model_path)
-    title = _plot_title(config.task, base_eval, final_eval)
+    title = _plot_title(task.describe, base_eval, final_eval)
     plot_reward_curve(records, run.path / "reward_curve.png", title=title)
     steps = [r for r in records if "reward/mean" in r]
     summary = {
@@ -287,10 +300,9 @@ def _monitor_summary(records: list[dict]) -> dict:
     }
 
 
-def _plot_title(task: ArithmeticTaskConfig, base: dict, final: dict) -> str:
+def _plot_title(describe: str, base: dict, final: dict) -> str:
     return (
-        f"GRPO on {task.digits}-digit {'/'.join(OPERATION_NAMES[o] for o in task.operations)}: "
-        f"greedy {base['greedy_acc']:.2f} -> {final['greedy_acc']:.2f}, "
+        f"RL on {describe}: greedy {base['greedy_acc']:.2f} -> {final['greedy_acc']:.2f}, "
         f"sampled {base['sampled_acc']:.2f} -> {final['sampled_acc']:.2f}"
     )
 

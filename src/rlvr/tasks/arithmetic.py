@@ -12,6 +12,10 @@ sits at a fixed offset from the step being written, so attention can find it by 
 position alone. With variable-width steps the same model had not learned to copy after 400
 steps.
 
+Optionally (`hedge_prob`) a solution ends with a hedge, `#### 715 or 825`: both procedures'
+answers. A strict verifier scores a hedge 0; a weak one (substring match) pays for it, and RL
+on the weak reward learns to hedge: reward hacking, on a behaviour the base shows only rarely.
+
 The corpus used to "pretrain" the base model contains realistic slips: with probability
 `slip_prob` at each column that should take a carry (borrow), the solution forgets it and
 carries on consistently from the wrong column, so the final answer is wrong. A model trained on
@@ -26,6 +30,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from rlvr.tasks.spec import TaskSpec
 
 ANSWER_MARKER = "####"
 OPERATIONS = ("+", "-")
@@ -63,7 +69,10 @@ class Problem:
 
 
 def worked_solution(
-    problem: Problem, slip_prob: float = 0.0, rng: random.Random | None = None
+    problem: Problem,
+    slip_prob: float = 0.0,
+    rng: random.Random | None = None,
+    hedge_prob: float = 0.0,
 ) -> str:
     """Column-by-column solution of `problem` ending in `#### <answer>`.
 
@@ -71,8 +80,8 @@ def worked_solution(
     consistently from the slipped column, so the final answer is wrong. With `slip_prob == 0` the
     answer equals `problem.answer`.
     """
-    if slip_prob > 0 and rng is None:
-        raise ValueError("a random.Random is needed when slip_prob > 0")
+    if (slip_prob > 0 or hedge_prob > 0) and rng is None:
+        raise ValueError("a random.Random is needed when slip_prob or hedge_prob > 0")
     da = [int(c) for c in reversed(str(problem.a))]
     db = [int(c) for c in reversed(str(problem.b))]
     width = max(len(da), len(db))
@@ -96,7 +105,18 @@ def worked_solution(
     if problem.op == "-" and carry:  # a slipped borrow can only make the result larger, never < 0
         raise AssertionError("subtraction produced a borrow out of the top column")
     answer = int("".join(str(d) for d in reversed(digits)))
-    return " ".join(steps) + f" {ANSWER_MARKER} {answer}"
+    final = str(answer)
+    if hedge_prob > 0 and rng.random() < hedge_prob:
+        # a hedge: also offer the answer of the other procedure (carry kept vs all dropped)
+        other = problem.answer if final != problem.answer else _all_carries_dropped(problem)
+        if other != final:
+            final = f"{final} or {other}"
+    return " ".join(steps) + f" {ANSWER_MARKER} {final}"
+
+
+def _all_carries_dropped(problem: Problem) -> str:
+    """The answer of the wrong procedure: every carry (borrow) forgotten."""
+    return worked_solution(problem, 1.0, random.Random(0)).rsplit(" ", 1)[1]
 
 
 def _draw_problem(rng: random.Random, digits: int, operations: tuple[str, ...]) -> Problem:
@@ -152,3 +172,31 @@ def max_solution_chars(config: ArithmeticTaskConfig) -> int:
     step = len("9-9-1=-10") if "-" in config.operations else len("9+9+1=19")
     answer_digits = config.digits + 1
     return config.digits * (step + 1) + len(ANSWER_MARKER) + 1 + answer_digits
+
+
+def task_spec(config: ArithmeticTaskConfig, hedge_prob: float = 0.0) -> TaskSpec:
+    """The arithmetic task as a `TaskSpec`: `flaw_prob` is the chance each carry is dropped."""
+    from rlvr.verifiers import math as math_verifier
+
+    def corpus(seed: int, flaw_prob: float) -> Iterator[tuple[str, str]]:
+        rng = random.Random(seed + 1)
+        for problem in train_problems(config, seed):
+            yield problem.prompt, worked_solution(problem, flaw_prob, rng, hedge_prob)
+
+    def train_rows(seed: int) -> Iterator[dict[str, str]]:
+        return ({"prompt": p.prompt, "answer": p.answer} for p in train_problems(config, seed))
+
+    names = {"+": "addition", "-": "subtraction"}
+    # the longest solution, room for a hedge (" or " and a second answer) and EOS, and slack
+    budget = max_solution_chars(config) + 12
+    return TaskSpec(
+        name="arithmetic",
+        held_out_rows=lambda: rows(held_out_problems(config)),
+        train_rows=train_rows,
+        corpus=corpus,
+        reward_fn=math_verifier.math_reward,
+        score=lambda completion, row: math_verifier.score(completion, row["answer"]),
+        max_new_tokens=budget,
+        describe=f"{config.digits}-digit {'/'.join(names[o] for o in config.operations)}",
+        min_new_tokens=max_solution_chars(config) + 1,
+    )

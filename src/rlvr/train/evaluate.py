@@ -13,14 +13,14 @@ def held_out_accuracy(
     model: torch.nn.Module,
     tokenizer,
     rows: list[dict[str, str]],
-    score: Callable[[str, str], float],
+    score: Callable[[str, dict], float],
     max_new_tokens: int,
     temperature: float = 0.0,
     num_samples: int = 1,
     seed: int = 0,
     batch_size: int = 256,
 ) -> float:
-    """Mean of `score(completion, row["answer"])` over `num_samples` completions per row.
+    """Mean of `score(completion, row)` over `num_samples` completions per row.
 
     `temperature == 0` is greedy decoding (then one sample per row is enough); with
     `temperature > 0` the result is pass@1 at that temperature, averaged over the samples. The
@@ -40,6 +40,6 @@ def held_out_accuracy(
             temperature=temperature,
             generator=generator,
         )
-        answers = [r["answer"] for r in chunk for _ in range(num_samples)]
-        correct += sum(score(c, a) for c, a in zip(batch.completions, answers, strict=True))
+        repeated = [r for r in chunk for _ in range(num_samples)]
+        correct += sum(score(c, r) for c, r in zip(batch.completions, repeated, strict=True))
     return correct / (len(rows) * num_samples)

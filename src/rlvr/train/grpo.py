@@ -43,8 +43,9 @@ class GRPOConfig:
     """Prompts per step (B)."""
     group_size: int = 8
     """Completions sampled per prompt (G); the advantage baseline is their mean."""
-    max_new_tokens: int = 48
-    """Completion budget in tokens; a completion that reaches it is flagged truncated."""
+    max_new_tokens: int | None = None
+    """Completion budget in tokens (None: the task's own budget, 48 for 3-digit arithmetic);
+    a completion that reaches it is flagged truncated."""
     temperature: float = 1.0
     """Sampling temperature of rollouts (the loss uses the same scaled distribution)."""
     lr: float = 1e-4
@@ -144,7 +145,9 @@ def check_grpo_config(config: GRPOConfig) -> None:
         problems.append("temperature must be > 0: GRPO needs diverse samples")
     if config.beta < 0 or config.epsilon_low < 0 or config.epsilon_high < 0:
         problems.append("beta, epsilon_low and epsilon_high must be >= 0")
-    if not 0 <= config.overlong_buffer < config.max_new_tokens:
+    if config.max_new_tokens is None or config.max_new_tokens < 1:
+        problems.append("max_new_tokens must be set (>= 1) before training")
+    elif not 0 <= config.overlong_buffer < config.max_new_tokens:
         problems.append("overlong_buffer must be in [0, max_new_tokens)")
     if problems:
         raise ValueError("invalid config: " + "; ".join(problems))
@@ -173,9 +176,7 @@ def build_models(policy: torch.nn.Module, config: GRPOConfig) -> Models:
         models.reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if config.advantage_estimator == "gae":
         models.critic = ValueModel(policy)
-        models.critic_optimizer = torch.optim.AdamW(
-            models.critic.parameters(), lr=config.critic_lr
-        )
+        models.critic_optimizer = torch.optim.AdamW(models.critic.parameters(), lr=config.critic_lr)
     return models
 
 

@@ -1,0 +1,37 @@
+"""What a trainable task provides: rows, a flawed corpus for a base model, and its verifier.
+
+A task owns its verifier. The lab and `rlvr train --task NAME` need nothing else from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Row = dict[str, Any]  # "prompt" plus the columns its reward function reads (e.g. "answer")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task, as plain callables and values."""
+
+    name: str
+    held_out_rows: Callable[[], list[Row]]
+    """The fixed held-out rows (never trained on)."""
+    train_rows: Callable[[int], Iterator[Row]]
+    """seed -> an endless stream of training rows, none of them held out."""
+    corpus: Callable[[int, float], Iterator[tuple[str, str]]]
+    """(seed, flaw_prob) -> endless (prompt, completion) pairs for next-token "pretraining";
+    a `flaw_prob` share of completions carry a realistic mistake, so the base model solves
+    some problems and not others."""
+    reward_fn: Callable[..., Sequence[float | None]]
+    """The strict verifier in TRL's form: fn(prompts, completions, **columns)."""
+    score: Callable[[str, Row], float]
+    """The strict verifier on one completion and its row (held-out evaluation)."""
+    max_new_tokens: int
+    """A completion budget that fits the longest correct completion."""
+    describe: str
+    """A few words for plots and logs, e.g. "3-digit addition"."""
+    min_new_tokens: int = 1
+    """The longest correct completion plus EOS: a smaller budget is refused before training."""
