@@ -50,3 +50,41 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: str | Path, title: st
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_reward_hacking(strict_run: str | Path, weak_run: str | Path, path: str | Path) -> Path:
+    """Side by side: training on the strict verifier vs on a weak one, same base model.
+
+    Each panel shows the training reward, held-out accuracy (always graded strictly) and the
+    hacking monitor's gap between the training reward and strict accuracy.
+    """
+    from rlvr.report.run_dir import read_jsonl
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120, sharey=True)
+    for ax, run, title in (
+        (axes[0], strict_run, "strict verifier"),
+        (axes[1], weak_run, "weak verifier (substring match)"),
+    ):  # noqa: E501
+        metrics = read_jsonl(Path(run) / "metrics.jsonl")
+        train = [m for m in metrics if "reward/mean" in m]
+        ax.plot([m["step"] for m in train], [m["reward/mean"] for m in train], color="#9ca3af",
+                lw=1, label="training reward")  # fmt: skip
+        for key, label, color in (
+            ("eval/sampled_acc", "held-out accuracy, sampled (strict)", "#d97706"),
+            ("eval/greedy_acc", "held-out accuracy, greedy (strict)", "#0f766e"),
+            ("monitor/gap", "monitor: reward minus strict accuracy", "#dc2626"),
+        ):
+            points = [m for m in metrics if key in m]
+            ax.plot([m["step"] for m in points], [m[key] for m in points], marker="o", ms=3,
+                    lw=1.5, color=color, label=label)  # fmt: skip
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction")
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[1].legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
