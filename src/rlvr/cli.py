@@ -40,14 +40,19 @@ class EvalConfig:
 
 @dataclass(frozen=True)
 class VerifyConfig:
-    """`rlvr verify`: grade one completion with the strict math verifier and explain it."""
+    """`rlvr verify`: grade one completion, or a JSONL file of them, and say why."""
 
-    completion: str
-    """The model's completion text."""
-    answer: str
-    """The reference answer."""
+    file: str | None = None
+    """A JSONL file: one object per line with "completion" and the reference ("answer", or
+    "tests" for --verifier code). Prints a summary by reason."""
+    completion: str | None = None
+    """One completion to grade (instead of --file)."""
+    answer: str | None = None
+    """Its reference answer."""
+    verifier: str = "math"
+    """math, code, tool, format or weak_math."""
     marker: str = "####"
-    """The task's final-answer marker."""
+    """The final-answer marker (math)."""
 
 
 @dataclass(frozen=True)
@@ -134,10 +139,17 @@ def evaluate(config: EvalConfig) -> None:
 
 
 def verify(config: VerifyConfig) -> None:
-    from rlvr.verifiers.math import verify as verify_math
+    from rlvr.verifiers.files import grade_file, grade_one
 
-    reward, parts = verify_math(config.completion, config.answer, marker=config.marker)
-    print(json.dumps({"reward": reward, **parts}))
+    if config.file is not None:
+        print(json.dumps(grade_file(config.file, config.verifier), indent=2))
+    elif config.completion is not None:
+        reward, parts = grade_one(
+            config.verifier, config.completion, config.answer, marker=config.marker
+        )
+        print(json.dumps({"reward": reward, **parts}))
+    else:
+        raise SystemExit("rlvr verify: pass --file FILE.jsonl, or --completion and --answer")
 
 
 COMMANDS = {

@@ -1,0 +1,61 @@
+"""Grade a JSONL file of completions with any rlvr verifier, summarised by reason."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+REFERENCE_FIELD = {"math": "answer", "weak_math": "answer", "tool": "answer", "code": "tests",
+                   "format": None}  # fmt: skip
+
+
+def grade_one(verifier: str, completion: Any, reference: Any, **options: Any) -> tuple[float, dict]:
+    """(reward, parts) of one completion; `verifier` is a key of REFERENCE_FIELD."""
+    if verifier == "code":
+        from rlvr.verifiers import code
+
+        return code.verify(code.extract_code(completion), reference)
+    if verifier not in REFERENCE_FIELD:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {sorted(REFERENCE_FIELD)}")
+    from rlvr.verifiers.adapters import VERIFIERS
+
+    if verifier != "math":
+        options.pop("marker", None)
+    if REFERENCE_FIELD[verifier] is None:
+        return VERIFIERS[verifier](completion)
+    return VERIFIERS[verifier](completion, reference, **options)
+
+
+def grade_file(path: str | Path, verifier: str = "math") -> dict[str, Any]:
+    """Grade every line of a JSONL file; a malformed line is refused with its number."""
+    path = Path(path)
+    if verifier not in REFERENCE_FIELD:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {sorted(REFERENCE_FIELD)}")
+    field = REFERENCE_FIELD[verifier]
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+        missing = [k for k in ("completion", field) if k and k not in row]
+        if not isinstance(row, dict) or missing:
+            raise ValueError(f"{path}:{number}: missing field(s) {missing or ['completion']}")
+        rows.append(row)
+    reasons: Counter[str] = Counter()
+    total = 0.0
+    for row in rows:
+        reward, parts = grade_one(verifier, row["completion"], row.get(field) if field else None)
+        reasons[str(parts.get("reason"))] += 1
+        total += reward
+    return {
+        "file": str(path),
+        "verifier": verifier,
+        "completions": len(rows),
+        "mean_reward": total / len(rows) if rows else None,
+        "by_reason": dict(reasons.most_common()),
+    }
