@@ -1,0 +1,133 @@
+"""A user's own rows from a JSONL file: one JSON object per line, e.g.
+
+    {"prompt": "What is 2+3?", "answer": "5"}
+
+Bad input is refused before any training starts, with the file, the line number and the
+field, because a bad row found at step 800 costs a run. Blank lines are skipped (a trailing
+newline is not an error); everything else that is not a usable row is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+
+
+class JSONLError(ValueError):
+    """A JSONL file that cannot be used as rows; the message names file, line and field."""
+
+    def __init__(self, path: Path, message: str, line: int | None = None, field: str | None = None):
+        self.path = path
+        self.line = line
+        self.field = field
+        where = f"{path}:{line}" if line is not None else str(path)
+        super().__init__(f"{where}: {message}")
+
+
+def load_rows(path: str | Path, required: Sequence[str] = ("prompt", "answer")) -> list[Row]:
+    """Every row of the JSONL file at `path`, each a dict holding at least the `required` fields.
+
+    Refused, naming the file and line: a line that is not valid JSON (with the JSON error and
+    column), a line that is not a JSON object, a missing or null required field, a prompt that
+    is not a string or is empty or whitespace-only, a line that is not UTF-8. A file with no
+    rows is refused too. Blank lines are skipped; line numbers count them.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as some editors write
+        data = data[3:]
+    rows: list[Row] = []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            message = f"not UTF-8 text ({err.reason} at byte {err.start} of the line)"
+            raise JSONLError(path, message, number) from None
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise JSONLError(
+                path, f"not valid JSON: {err.msg} (column {err.colno})", number
+            ) from None
+        if not isinstance(row, dict):
+            raise JSONLError(
+                path,
+                f'expected a JSON object like {{"prompt": ..., ...}}, got a JSON {_json_type(row)}',
+                number,
+            )
+        for field in required:
+            if field not in row:
+                have = ", ".join(repr(k) for k in row) or "none"
+                raise JSONLError(
+                    path, f"missing field {field!r} (fields present: {have})", number, field
+                )
+            if row[field] is None:
+                raise JSONLError(path, f"field {field!r} is null", number, field)
+        if "prompt" in required:
+            prompt = row["prompt"]
+            if not isinstance(prompt, str):
+                raise JSONLError(
+                    path,
+                    f"field 'prompt' must be a string, got a JSON {_json_type(prompt)}",
+                    number,
+                    "prompt",
+                )
+            if not prompt.strip():
+                raise JSONLError(
+                    path, "field 'prompt' is empty or whitespace-only", number, "prompt"
+                )
+        rows.append(row)
+    if not rows:
+        raise JSONLError(path, "the file is empty: no rows (expected one JSON object per line)")
+    return rows
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {list: "array", str: "string", type(None): "null", dict: "object"}.get(
+        type(value), type(value).__name__
+    )
+
+
+def _prompt_key(row: Row) -> str:
+    """Prompts that differ only in whitespace count as the same prompt."""
+    return " ".join(str(row["prompt"]).split())
+
+
+def split_rows(
+    rows: Sequence[Row], held_out_fraction: float, seed: int
+) -> tuple[list[Row], list[Row]]:
+    """(train, held_out): a seeded split by prompt, so no prompt is on both sides.
+
+    The fraction is of distinct prompts (whitespace-normalised), not of rows: every row of a
+    prompt goes to the same side, so a duplicated prompt cannot leak the held-out set into
+    training. The split depends only on the set of prompts and `seed`, not on row order; each
+    side keeps the rows' original order. With a fraction above 0 both sides get at least one
+    prompt.
+    """
+    if not 0.0 <= held_out_fraction < 1.0:
+        raise ValueError(f"held_out_fraction must be in [0, 1), got {held_out_fraction!r}")
+    prompts = sorted({_prompt_key(row) for row in rows})
+    if held_out_fraction == 0.0:
+        return list(rows), []
+    if len(prompts) < 2:
+        raise ValueError(
+            f"cannot hold out prompts: only {len(prompts)} distinct prompt(s) among "
+            f"{len(rows)} rows"
+        )
+    count = min(len(prompts) - 1, max(1, round(held_out_fraction * len(prompts))))
+    random.Random(seed).shuffle(prompts)
+    held = set(prompts[:count])
+    train = [row for row in rows if _prompt_key(row) not in held]
+    held_out = [row for row in rows if _prompt_key(row) in held]
+    return train, held_out
