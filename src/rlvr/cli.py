@@ -188,7 +188,11 @@ def main(argv: list[str] | None = None) -> None:
     config = tyro.cli(
         config_type, args=args, prog=f"rlvr {argv[0]}", description=text, default=default
     )
-    run(config)
+    try:
+        run(config)
+    except KeyboardInterrupt:
+        print("[rlvr] interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 def _recipe_default(args: list[str]) -> LabConfig | None:

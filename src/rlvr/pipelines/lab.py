@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 
 from rlvr.models.tiny import (
     TinyModelConfig,
@@ -74,6 +75,9 @@ class LabConfig:
     """Where run directories are created."""
     overwrite: bool = False
     """Replace an existing run directory of the same name."""
+    resume: bool = False
+    """Continue the run directory's newest complete checkpoint (same flags as the first run;
+    a different configuration is refused)."""
     model: str | None = None
     """A local Hugging Face model directory to start from instead of the lab's base model."""
     seed: int = 0
@@ -197,8 +201,12 @@ def run_lab(config: LabConfig) -> dict:
         )
     reward_fn = training_reward(config.verifier, task)
     torch.set_num_threads(config.threads)
-    run = RunDirectory(config.runs_dir, config.run_name, overwrite=config.overwrite)
-    run.write_config(config)
+    run = RunDirectory(
+        config.runs_dir, config.run_name, overwrite=config.overwrite, resume=config.resume
+    )
+    if config.resume:
+        check_same_config(run, config)
+    run.write_config(dataclasses.replace(config, resume=False, overwrite=False))
     start = time.perf_counter()
 
     # --- base model ------------------------------------------------------------------------
@@ -245,6 +253,7 @@ def run_lab(config: LabConfig) -> dict:
         seed=config.seed,
         progress=config.progress,
         strict_reward_fn=task.reward_fn,
+        resume=config.resume,
     )
     rl_seconds = time.perf_counter() - rl_start
 
@@ -283,6 +292,22 @@ def run_lab(config: LabConfig) -> dict:
         f"see {run.path}/",
     )
     return summary
+
+
+def check_same_config(run: RunDirectory, config: LabConfig) -> None:
+    """Refuse to resume a run with settings other than those it was started with."""
+    saved_path = run.path / "config.yaml"
+    if not saved_path.exists():
+        raise FileNotFoundError(f"{run.path} has no config.yaml: nothing to resume")
+    saved = yaml.safe_load(saved_path.read_text())
+    current = json.loads(json.dumps(dataclasses.asdict(config)))
+    ignored = {"resume", "overwrite", "progress"}
+    diff = sorted(k for k in current if k not in ignored and saved.get(k) != current[k])
+    if diff:
+        raise ValueError(
+            f"--resume: the settings differ from those {run.path} was started with, in: "
+            f"{', '.join(diff)}. Resume with the same flags (see {saved_path})."
+        )
 
 
 def _monitor_summary(records: list[dict]) -> dict:

@@ -60,6 +60,15 @@ class RunDirectory:
         for record in records:
             _append_jsonl(self.samples_path, record)
 
+    def truncate_logs(self, after_step: int) -> None:
+        """Drop metric and sample lines of steps after `after_step` (those a resumed run will
+        write again), rewriting each file atomically."""
+        for path in (self.metrics_path, self.samples_path):
+            kept = [r for r in read_jsonl(path) if r.get("step", 0) <= after_step]
+            tmp = path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(json.dumps(r, ensure_ascii=True) + "\n" for r in kept))
+            tmp.replace(path)
+
     def write_summary(self, summary: dict[str, Any]) -> None:
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 

@@ -16,7 +16,11 @@ Deviations from DeepSeekMath's GRPO (arXiv:2402.03300) in the defaults, all swit
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,8 +32,14 @@ from tqdm.auto import tqdm
 from rlvr import algo
 from rlvr.models.logprobs import completion_logprobs
 from rlvr.models.value import ValueModel
-from rlvr.report.run_dir import RunDirectory
+from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.rollout.sampler import RolloutBatch, concat_batches, sample_completions, select_rows
+from rlvr.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rlvr.train.rewards import RewardFn, total_rewards
 
 
@@ -107,6 +117,12 @@ class GRPOConfig:
     """Completions the monitor re-scores."""
     monitor_gap: float = 0.2
     """Warn when the training reward exceeds strict accuracy by more than this."""
+    checkpoint_every: int = 25
+    """Write a checkpoint every N steps and at the end (0: only at the end)."""
+    keep_checkpoints: int = 2
+    """Complete checkpoints kept (older ones are deleted once a newer one is complete)."""
+    max_nonfinite_steps: int = 3
+    """Stop after this many consecutive updates skipped for a NaN/Inf loss or gradient."""
     eval_every: int = 20
     """Evaluate held-out accuracy every N steps, at steps 1, 2, 4, 8, ... below N (where
     the curve moves fastest), before the first step and after the last."""
@@ -314,6 +330,12 @@ def grpo_step(
         models.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.grad_clip)
+        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+            # a NaN/Inf would poison the weights and Adam's moments: skip, count, let the
+            # caller stop after max_nonfinite_steps in a row
+            models.optimizer.zero_grad(set_to_none=True)
+            metrics["update/nonfinite"] = 1.0
+            break
         models.optimizer.step()
         if models.critic is not None:
             critic_loss, critic_metrics = algo.value_loss(
@@ -362,6 +384,7 @@ def train_grpo(
     reward_weights: Sequence[float] | None = None,
     progress: bool = True,
     strict_reward_fn: RewardFn | None = None,
+    resume: bool = False,
 ) -> list[dict[str, Any]]:
     """Run `config.steps` steps, logging to `run`; returns the metric records.
 
@@ -370,6 +393,12 @@ def train_grpo(
     signature) is the hacking monitor's verifier: every `monitor_every` steps it re-scores a
     sample of the step's completions, and a training reward above it by more than
     `monitor_gap` is logged (`monitor/*`) and warned about.
+
+    Checkpoints go to `run.path/checkpoints` every `checkpoint_every` steps, at the end, and
+    when SIGINT/SIGTERM asks the run to stop (the current step finishes first). With `resume`,
+    the newest complete checkpoint is loaded (weights, optimizer, scheduler, RNG states, the
+    data position) and metrics.jsonl / samples.jsonl are cut back to its step, so the resumed
+    run appends exactly the steps an uninterrupted run would have written.
     """
     check_grpo_config(config)
     weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_fns)
@@ -382,47 +411,148 @@ def train_grpo(
         models.optimizer, lambda s: min(1.0, (s + 1) / warmup)
     )
 
+    consumed = 0  # training rows taken from the stream: the data position of a checkpoint
+
     def next_rows() -> list[dict[str, Any]]:
+        nonlocal consumed
+        consumed += config.prompts_per_step
         return [next(train_rows) for _ in range(config.prompts_per_step)]
 
-    records: list[dict[str, Any]] = []
+    checkpoints = run.path / "checkpoints"
+    first_step = 1
     start = time.perf_counter()
-    last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
-    records.append({"step": 0, **last_eval})
-    run.log_metrics(records[-1])
-    bar = tqdm(range(1, config.steps + 1), desc=config.advantage_estimator, disable=not progress)
-    for step in bar:
-        metrics, batch, rows, rewards = grpo_step(
-            models, tokenizer, next_rows, reward_fns, weights, config, generator, num_threads
-        )
-        if "update/skipped" not in metrics:
-            schedule.step()
-        if models.reference is not None and config.ref_sync_every > 0:
-            if step % config.ref_sync_every == 0:
-                algo.sync_reference(models.reference, model, config.ref_sync_alpha)
-        record: dict[str, Any] = {"step": step, **metrics}
-        if strict_reward_fn is not None and config.monitor_every > 0 and len(rewards) > 0:
-            if step % config.monitor_every == 0:
-                record.update(monitor_hacking(strict_reward_fn, rows, batch, rewards, config))
-                if record["monitor/flagged"]:
-                    tqdm.write(
-                        f"[rlvr] step {step}: training reward {record['monitor/train_reward']:.2f}"
-                        f" but strict accuracy {record['monitor/strict_acc']:.2f} on the same "
-                        "completions: the reward is being gamed (see docs/metrics.md, monitor/)"
-                    )
-        if is_eval_step(step, config.eval_every, config.steps):
-            last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
-            record.update(last_eval)
-        record["time/elapsed_s"] = time.perf_counter() - start
-        records.append(record)
-        run.log_metrics(record)
-        run.log_samples(_sample_records(step, rows, batch, rewards, config))
-        bar.set_postfix(
-            reward=f"{metrics['reward/mean']:.2f}",
-            acc=f"{last_eval.get('eval/greedy_acc', float('nan')):.2f}",
-            s_per_step=f"{metrics['time/step_s']:.2f}",
-        )
-    return records
+    last_eval: dict[str, float] = {}
+    if resume and (latest := latest_checkpoint(checkpoints)) is not None:
+        state = load_checkpoint(
+            latest, policy=model, optimizer=models.optimizer, scheduler=schedule,
+            reference=models.reference, critic=models.critic,
+            critic_optimizer=models.critic_optimizer, generator=generator,
+        )  # fmt: skip
+        for _ in range(state["data_position"]):
+            next(train_rows)
+        consumed, first_step = state["data_position"], state["step"] + 1
+        run.truncate_logs(after_step=state["step"])
+        tqdm.write(f"[rlvr] resumed from {latest} (step {state['step']})", file=sys.stderr)
+    else:
+        last_eval = {f"eval/{k}": v for k, v in evaluate(model).items()}
+        run.log_metrics({"step": 0, **last_eval})
+
+    def checkpoint(step: int) -> None:
+        try:
+            save_checkpoint(
+                checkpoints, step, policy=model, optimizer=models.optimizer, scheduler=schedule,
+                reference=models.reference, critic=models.critic,
+                critic_optimizer=models.critic_optimizer, generator=generator,
+                data_position=consumed, keep_last=config.keep_checkpoints,
+            )  # fmt: skip
+        except CheckpointError as exc:  # e.g. a full disk: the previous checkpoint is intact
+            tqdm.write(f"[rlvr] WARNING: {exc}", file=sys.stderr)
+
+    stop = StopRequest()
+    nonfinite_in_a_row = 0
+    steps = range(first_step, config.steps + 1)
+    bar = tqdm(steps, desc=config.advantage_estimator, disable=not progress)
+    with stop.installed():
+        for step in bar:
+            metrics, batch, rows, rewards = grpo_step(
+                models, tokenizer, next_rows, reward_fns, weights, config, generator, num_threads
+            )
+            nonfinite_in_a_row = nonfinite_in_a_row + 1 if "update/nonfinite" in metrics else 0
+            if nonfinite_in_a_row >= config.max_nonfinite_steps:
+                raise FloatingPointError(
+                    f"step {step}: {nonfinite_in_a_row} updates in a row had a NaN/Inf loss or "
+                    "gradient and were skipped; stopping. Lower the learning rate or check the "
+                    f"rewards; the last good checkpoint is in {checkpoints}"
+                )
+            if "update/skipped" not in metrics and "update/nonfinite" not in metrics:
+                schedule.step()
+            record = _record_step(
+                step, metrics, batch, rows, rewards, models, config, evaluate, strict_reward_fn,
+                start,
+            )  # fmt: skip
+            if "eval/greedy_acc" in record:
+                last_eval = record
+            run.log_metrics(record)
+            run.log_samples(_sample_records(step, rows, batch, rewards, config))
+            bar.set_postfix(
+                reward=f"{metrics['reward/mean']:.2f}",
+                acc=f"{last_eval.get('eval/greedy_acc', float('nan')):.2f}",
+                s_per_step=f"{metrics['time/step_s']:.2f}",
+            )
+            every = config.checkpoint_every
+            if step == config.steps or (every > 0 and step % every == 0) or stop.requested:
+                checkpoint(step)
+            if stop.requested:
+                tqdm.write(
+                    f"[rlvr] stopped by signal after step {step}; checkpoint written. Resume "
+                    "with the same command and --resume.",
+                    file=sys.stderr,
+                )
+                raise KeyboardInterrupt
+    return read_jsonl(run.metrics_path)
+
+
+def _record_step(
+    step: int,
+    metrics: dict[str, float],
+    batch: RolloutBatch,
+    rows: list[dict[str, Any]],
+    rewards: torch.Tensor,
+    models: Models,
+    config: GRPOConfig,
+    evaluate: Evaluator,
+    strict_reward_fn: RewardFn | None,
+    start: float,
+) -> dict[str, Any]:
+    """The metrics line of one step: the step's own, the monitor's and the evaluation's."""
+    model = models.policy
+    if models.reference is not None and config.ref_sync_every > 0:
+        if step % config.ref_sync_every == 0:
+            algo.sync_reference(models.reference, model, config.ref_sync_alpha)
+    record: dict[str, Any] = {"step": step, **metrics}
+    if strict_reward_fn is not None and config.monitor_every > 0 and len(rewards) > 0:
+        if step % config.monitor_every == 0:
+            record.update(monitor_hacking(strict_reward_fn, rows, batch, rewards, config))
+            if record["monitor/flagged"]:
+                tqdm.write(
+                    f"[rlvr] step {step}: training reward {record['monitor/train_reward']:.2f}"
+                    f" but strict accuracy {record['monitor/strict_acc']:.2f} on the same "
+                    "completions: the reward is being gamed (see docs/metrics.md, monitor/)",
+                    file=sys.stderr,
+                )
+    if is_eval_step(step, config.eval_every, config.steps):
+        record.update({f"eval/{k}": v for k, v in evaluate(model).items()})
+    record["time/elapsed_s"] = time.perf_counter() - start
+    return record
+
+
+class StopRequest:
+    """SIGINT/SIGTERM set a flag; the loop finishes its step, checkpoints and stops."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self  # signals can only be handled on the main thread
+            return
+
+        def handler(signum, frame):
+            if self.requested:  # a second Ctrl-C stops at once
+                raise KeyboardInterrupt
+            self.requested = True
+            tqdm.write(
+                "[rlvr] stop requested: finishing the current step, then checkpointing",
+                file=sys.stderr,
+            )
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
 
 
 def monitor_hacking(

@@ -1,0 +1,112 @@
+"""Runs that survive: kill -9 at random steps and resume to the same result; graceful stop;
+NaN updates skipped and counted; resuming with other settings is refused."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlvr.cli import main
+from rlvr.report.run_dir import read_jsonl
+from tests.test_lab import TINY
+
+STEPS = 8
+ARGS = [*TINY, "--grpo.steps", str(STEPS), "--grpo.checkpoint-every", "1"]
+VOLATILE = ("time/", "throughput/")  # wall-clock measurements differ between runs
+
+
+def lab_args(tmp_path: Path, name: str) -> list[str]:
+    return ["lab", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
+            "--run-name", name, *ARGS]  # fmt: skip
+
+
+def stable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in records]
+
+
+def start_subprocess(args: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "rlvr.cli", *args]
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for_steps(metrics: Path, steps: int, process: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and len(read_jsonl(metrics)) >= steps + 1:
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"run ended early: {process.stderr.read()}")
+        time.sleep(0.05)
+    raise AssertionError("the run did not reach the kill point in time")
+
+
+def test_kill_and_resume_gives_the_uninterrupted_result(tmp_path):
+    main(lab_args(tmp_path, "whole"))
+    whole = tmp_path / "runs" / "whole"
+    expected = stable(read_jsonl(whole / "metrics.jsonl"))
+    expected_weights = load_file(whole / "model" / "model.safetensors")
+
+    for kill_at in sorted(random.Random(0).sample(range(1, STEPS), 2)):
+        name = f"killed-{kill_at}"
+        process = start_subprocess(lab_args(tmp_path, name))
+        run = tmp_path / "runs" / name
+        wait_for_steps(run / "metrics.jsonl", kill_at, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        assert len(read_jsonl(run / "metrics.jsonl")) < STEPS + 1, "killed too late to test"
+
+        main([*lab_args(tmp_path, name), "--resume"])
+        assert stable(read_jsonl(run / "metrics.jsonl")) == expected
+        weights = load_file(run / "model" / "model.safetensors")
+        assert all(torch.equal(weights[k], expected_weights[k]) for k in expected_weights)
+        samples = read_jsonl(run / "samples.jsonl")
+        assert [s["step"] for s in samples] == sorted(s["step"] for s in samples)
+        assert len(samples) == len(read_jsonl(whole / "samples.jsonl"))
+
+
+def test_sigterm_finishes_the_step_and_checkpoints(tmp_path):
+    args = lab_args(tmp_path, "term")
+    args[args.index("--grpo.checkpoint-every") + 1] = "0"  # only the stop itself checkpoints
+    process = start_subprocess(args)
+    run = tmp_path / "runs" / "term"
+    wait_for_steps(run / "metrics.jsonl", 2, process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "Resume with the same command and --resume" in stderr
+    steps_done = len(read_jsonl(run / "metrics.jsonl")) - 1
+    assert (run / "checkpoints" / f"step-{steps_done:06d}" / "COMPLETE").exists()
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    main(lab_args(tmp_path, "a"))
+    with pytest.raises(ValueError, match="settings differ.*grpo"):
+        main([*lab_args(tmp_path, "a"), "--resume", "--grpo.lr", "0.5"])
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        main([*lab_args(tmp_path, "never-started"), "--resume"])
+
+
+def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
+    import rlvr.train.grpo as grpo
+
+    real = grpo.algo.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, metrics = real(*args, **kwargs)
+        return loss * float("nan"), metrics
+
+    monkeypatch.setattr(grpo.algo, "policy_loss", nan_loss)
+    with pytest.raises(FloatingPointError, match="3 updates in a row had a NaN/Inf"):
+        main(lab_args(tmp_path, "nan"))
+    records = read_jsonl(tmp_path / "runs" / "nan" / "metrics.jsonl")
+    assert [r.get("update/nonfinite") for r in records[1:]] == [1.0, 1.0]
