@@ -110,3 +110,28 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
         main(lab_args(tmp_path, "nan"))
     records = read_jsonl(tmp_path / "runs" / "nan" / "metrics.jsonl")
     assert [r.get("update/nonfinite") for r in records[1:]] == [1.0, 1.0]
+
+
+def test_bad_inputs_are_refused_before_any_compute(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "  ", "answer": "3"}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:2.*prompt"):
+        main(["train", "--task", str(data), "--runs-dir", str(tmp_path / "runs")])
+    data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
+    with pytest.raises(ValueError, match=r"rows.jsonl:2.*answer"):
+        main(["train", "--task", str(data), "--runs-dir", str(tmp_path / "runs")])
+    with pytest.raises(ValueError, match="unknown task"):
+        main(["train", "--task", "poetry", "--runs-dir", str(tmp_path / "runs")])
+    with pytest.raises(ValueError, match="did you mean 'epsilon_low'"):
+        main(["train", "--set", "epsilon_lo=0.1", "--runs-dir", str(tmp_path / "runs")])
+    with pytest.raises(ValueError, match="group_size must be >= 2"):
+        main(["train", "--grpo.group-size", "1", "--runs-dir", str(tmp_path / "runs")])
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    if os.access(read_only, os.W_OK):  # root ignores permission bits: simulate with a file
+        read_only.chmod(0o700)
+        read_only = tmp_path / "a-file"
+        read_only.write_text("")
+    with pytest.raises((PermissionError, FileExistsError, NotADirectoryError, FileNotFoundError)):
+        main(["train", "--runs-dir", str(read_only), "--no-progress"])

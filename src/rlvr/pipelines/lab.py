@@ -99,7 +99,8 @@ class LabConfig:
     set: tuple[str, ...] = ()
     """Overrides of GRPO switches as key=value (e.g. --set epsilon_high=0.28 beta=0.01)."""
     task: str = "arithmetic"
-    """The task: arithmetic (math verifier), code (sandboxed asserts) or tool (tool calls)."""
+    """The task: arithmetic (math verifier), code (sandboxed asserts), tool (tool calls), or a
+    FILE.jsonl of your own rows (prompt, answer[, solution]), graded by the math verifier."""
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
@@ -124,7 +125,13 @@ def build_task(config: LabConfig) -> TaskSpec:
         from rlvr.tasks import tool_task
 
         return tool_task.task_spec()
-    raise ValueError(f"unknown task {config.task!r}; choose arithmetic, code or tool")
+    if config.task.endswith(".jsonl"):
+        from rlvr.tasks import jsonl
+
+        return jsonl.task_spec(config.task, seed=config.seed)
+    raise ValueError(
+        f"unknown task {config.task!r}; choose arithmetic, code, tool or a FILE.jsonl"
+    )
 
 
 def effective_hedge_prob(config: LabConfig) -> float:

@@ -34,7 +34,13 @@ class RunDirectory:
         if overwrite and self.path.exists():
             for f in ("metrics.jsonl", "samples.jsonl", "summary.json"):
                 (self.path / f).unlink(missing_ok=True)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            probe = self.path / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as exc:  # refuse before any compute is spent, not at the first log line
+            raise PermissionError(f"cannot write the run directory {self.path}: {exc}") from None
 
     @property
     def metrics_path(self) -> Path:

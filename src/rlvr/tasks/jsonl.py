@@ -131,3 +131,47 @@ def split_rows(
     train = [row for row in rows if _prompt_key(row) not in held]
     held_out = [row for row in rows if _prompt_key(row) in held]
     return train, held_out
+
+
+def task_spec(path: str | Path, held_out_fraction: float = 0.1, seed: int = 0):
+    """A math task from a user's JSONL rows (`prompt`, `answer`, optionally `solution`).
+
+    Rows are loaded (and refused, with file/line/field, if malformed) when the spec is built,
+    before any model loads. A `solution` column, when every row has one, is the corpus for a
+    base model; without it, train from a checkpoint with `--model DIR`.
+    """
+    import itertools
+
+    from rlvr.tasks.spec import TaskSpec
+    from rlvr.verifiers import math as math_verifier
+
+    rows = load_rows(path)
+    train, held_out = split_rows(rows, held_out_fraction, seed)
+
+    def train_rows(seed: int):
+        order = random.Random(seed)
+        while True:
+            shuffled = train[:]
+            order.shuffle(shuffled)
+            yield from shuffled
+
+    def corpus(seed: int, flaw_prob: float):
+        if not all("solution" in r for r in train):
+            raise ValueError(
+                f"{path}: rows have no 'solution' column to train a base model on; "
+                "pass --model DIR to start from a checkpoint"
+            )
+        return ((r["prompt"], r["solution"]) for r in itertools.chain.from_iterable(
+            itertools.repeat(train)))  # fmt: skip
+
+    longest = max(len(str(r.get("solution", r["answer"]))) for r in rows)
+    return TaskSpec(
+        name="jsonl",
+        held_out_rows=lambda: held_out,
+        train_rows=train_rows,
+        corpus=corpus,
+        reward_fn=math_verifier.math_reward,
+        score=lambda completion, row: math_verifier.score(completion, row["answer"]),
+        max_new_tokens=max(16, longest + 16),
+        describe=Path(path).name,
+    )
