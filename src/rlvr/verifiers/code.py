@@ -78,6 +78,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rlvr.verifiers.format import completion_text
 from rlvr.verifiers.sandbox import RunResult, SandboxLimits, run_python_many
 
 __all__ = [
@@ -106,25 +107,9 @@ _PY_FENCE = re.compile(r"```[ \t]*(?:python3?|py)[ \t]*\r?\n(.*?)(?:```|\Z)", re
 _BARE_FENCE = re.compile(r"```[ \t]*\r?\n(.*?)(?:```|\Z)", re.S)
 
 
-def _completion_text(completion: Any) -> str | None:
-    """A plain string, or the last message's content of a TRL conversational completion."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, (list, tuple)) and completion and isinstance(completion[-1], dict):
-        content = completion[-1].get("content")
-        if isinstance(content, list):
-            content = "".join(
-                part.get("text", "")
-                for part in content
-                if isinstance(part, dict) and isinstance(part.get("text", ""), str)
-            )
-        return content if isinstance(content, str) else None
-    return None
-
-
 def extract_code(completion: Completion) -> str | None:
     """The program to grade (module docstring, "What is graded"); None if there is none."""
-    text = _completion_text(completion)
+    text = completion_text(completion)
     if text is None:
         return None
     close = text.rfind("</think>")
