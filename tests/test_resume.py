@@ -65,7 +65,7 @@ def test_kill_and_resume_gives_the_uninterrupted_result(tmp_path):
         process.wait()
         assert len(read_jsonl(run / "metrics.jsonl")) < STEPS + 1, "killed too late to test"
 
-        main([*lab_args(tmp_path, name), "--resume"])
+        main(["lab", "--resume", str(run), "--no-progress"])
         assert stable(read_jsonl(run / "metrics.jsonl")) == expected
         weights = load_file(run / "model" / "model.safetensors")
         assert all(torch.equal(weights[k], expected_weights[k]) for k in expected_weights)
@@ -83,17 +83,26 @@ def test_sigterm_finishes_the_step_and_checkpoints(tmp_path):
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
-    assert "Resume with the same command and --resume" in stderr
+    assert f"Resume with: rlvr train --resume {run}" in stderr
     steps_done = len(read_jsonl(run / "metrics.jsonl")) - 1
     assert (run / "checkpoints" / f"step-{steps_done:06d}" / "COMPLETE").exists()
 
 
-def test_resume_with_other_settings_is_refused(tmp_path):
+def test_resume_takes_the_saved_config_and_refuses_other_flags(tmp_path):
     main(lab_args(tmp_path, "a"))
-    with pytest.raises(ValueError, match="settings differ.*grpo"):
-        main([*lab_args(tmp_path, "a"), "--resume", "--grpo.lr", "0.5"])
+    run = tmp_path / "runs" / "a"
+    with pytest.raises(ValueError, match="refused: --grpo.lr 0.5"):
+        main(["train", "--resume", str(run), "--grpo.lr", "0.5"])
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
-        main([*lab_args(tmp_path, "never-started"), "--resume"])
+        main(["train", "--resume", str(tmp_path / "runs" / "never-started")])
+    before = read_jsonl(run / "metrics.jsonl")
+    main(["train", "--resume", str(run), "--no-progress"])  # finished run: nothing to redo
+    assert stable(read_jsonl(run / "metrics.jsonl")) == stable(before)
+    # the saved config is what a resume uses, even with none of the original flags
+    with pytest.raises(ValueError, match="settings differ"):
+        from rlvr.pipelines.lab import LabConfig, run_lab
+
+        run_lab(LabConfig(runs_dir=str(tmp_path / "runs"), run_name="a", resume=True))
 
 
 def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):

@@ -182,6 +182,15 @@ def main(argv: list[str] | None = None) -> None:
         config = RecipesConfig(*args[:2]) if args and not args[0].startswith("-") else None
         run(config or tyro.cli(RecipesConfig, args=args, prog="rlvr recipes"))
         return
+    if config_type is LabConfig and "--resume" in args:
+        config = _resume_config(args)
+        print(f"[rlvr] resuming {config.runs_dir}/{config.run_name} with its saved config.yaml")
+        try:
+            run(config)
+        except KeyboardInterrupt:
+            print("[rlvr] interrupted", file=sys.stderr)
+            raise SystemExit(130) from None
+        return
     default = None
     if config_type is LabConfig:
         default = _recipe_default(args)
@@ -193,6 +202,48 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("[rlvr] interrupted", file=sys.stderr)
         raise SystemExit(130) from None
+
+
+def _resume_config(args: list[str]) -> LabConfig:
+    """`--resume [RUN_DIR]`: the run's own saved config, with resume on.
+
+    The run is RUN_DIR, or --runs-dir/--run-name (default runs/lab). Other flags would be
+    silently ignored, so they are refused.
+    """
+    import pathlib
+
+    import yaml
+
+    from rlvr.train.overrides import config_from_dict
+
+    rest, runs_dir, run_name, progress = list(args), "runs", "lab", True
+    i = rest.index("--resume")
+    rest.pop(i)
+    if i < len(rest) and not rest[i].startswith("-"):
+        path = pathlib.Path(rest.pop(i))
+        runs_dir, run_name = str(path.parent), path.name
+    for flag in ("--runs-dir", "--run-name"):
+        if flag in rest:
+            j = rest.index(flag)
+            value = rest[j + 1] if j + 1 < len(rest) else ""
+            del rest[j : j + 2]
+            runs_dir, run_name = (value, run_name) if flag == "--runs-dir" else (runs_dir, value)
+    for flag in ("--progress", "--no-progress"):
+        if flag in rest:
+            rest.remove(flag)
+            progress = flag == "--progress"
+    if rest:
+        raise ValueError(
+            f"--resume continues a run with its saved config.yaml; these flags would be "
+            f"ignored, so they are refused: {' '.join(rest)}"
+        )
+    saved = pathlib.Path(runs_dir) / run_name / "config.yaml"
+    if not saved.exists():
+        raise FileNotFoundError(f"{saved.parent} has no config.yaml: nothing to resume")
+    config = config_from_dict(LabConfig, yaml.safe_load(saved.read_text()))
+    return dataclasses.replace(
+        config, runs_dir=runs_dir, run_name=run_name, resume=True, progress=progress
+    )
 
 
 def _recipe_default(args: list[str]) -> LabConfig | None:

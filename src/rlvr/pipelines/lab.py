@@ -76,8 +76,8 @@ class LabConfig:
     overwrite: bool = False
     """Replace an existing run directory of the same name."""
     resume: bool = False
-    """Continue the run directory's newest complete checkpoint (same flags as the first run;
-    a different configuration is refused)."""
+    """Continue the run's newest complete checkpoint with the run's saved config.yaml:
+    `rlvr lab --resume`, `rlvr train --resume runs/NAME`."""
     model: str | None = None
     """A local Hugging Face model directory to start from instead of the lab's base model."""
     seed: int = 0

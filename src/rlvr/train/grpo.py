@@ -485,7 +485,7 @@ def train_grpo(
             if stop.requested:
                 tqdm.write(
                     f"[rlvr] stopped by signal after step {step}; checkpoint written. Resume "
-                    "with the same command and --resume.",
+                    f"with: rlvr train --resume {run.path}",
                     file=sys.stderr,
                 )
                 raise KeyboardInterrupt

@@ -58,3 +58,24 @@ def _coerce(text: str, annotation: Any, key: str) -> Any:
     except ValueError:
         raise ValueError(f"{key}={text!r} is not a valid {annotation.__name__}") from None
     raise ValueError(f"{key} has type {annotation} which --set cannot parse")
+
+
+def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    """Rebuild a (nested) dataclass config from its `dataclasses.asdict` form, e.g. a run's
+    config.yaml. Unknown keys are refused, naming the valid ones."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - fields
+    if unknown:
+        raise ValueError(
+            f"unknown key(s) {sorted(unknown)} for {cls.__name__}; valid keys: {sorted(fields)}"
+        )
+    values = {}
+    for name, value in data.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = config_from_dict(hint, value)
+        elif typing.get_origin(hint) is tuple and isinstance(value, list):
+            value = tuple(value)
+        values[name] = value
+    return cls(**values)
