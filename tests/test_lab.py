@@ -97,3 +97,18 @@ def test_eval_schedule_is_dense_early():
         1, 2, 4, 8, 16, 20, 40, 60, 80, 100,
     ]  # fmt: skip
     assert [s for s in range(1, 8) if is_eval_step(s, 3, 7)] == [1, 2, 3, 6, 7]
+
+
+@pytest.mark.parametrize("task", ["code", "tool"])
+def test_code_and_tool_tasks_train_end_to_end(task, tmp_path):
+    small = ["--tiny.hidden-size", "32", "--tiny.num-layers", "1", "--tiny.num-heads", "2",
+             "--tiny.intermediate-size", "64", "--base.steps", "3", "--base.batch-size", "4",
+             "--grpo.steps", "2", "--grpo.prompts-per-step", "2", "--grpo.group-size", "2",
+             "--eval-samples", "1", "--no-progress"]  # fmt: skip
+    main(["train", "--task", task, "--runs-dir", str(tmp_path), "--cache-dir",
+          str(tmp_path / "cache"), "--run-name", task, *small])  # fmt: skip
+    metrics = read_jsonl(tmp_path / task / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert 0 <= metrics[1][f"reward/{task}_task_reward"] <= 1
+    summary = json.loads((tmp_path / task / "summary.json").read_text())
+    assert summary["held_out_problems"] > 0
