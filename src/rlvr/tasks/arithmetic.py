@@ -28,10 +28,10 @@ and every training draw that lands in it is redrawn.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from rlvr.tasks.spec import TaskSpec
+from rlvr.tasks.spec import TaskSpec, distinct_draws, draws_excluding
 
 ANSWER_MARKER = "####"
 OPERATIONS = ("+", "-")
@@ -145,21 +145,20 @@ def _check_config(config: ArithmeticTaskConfig) -> None:
 def held_out_problems(config: ArithmeticTaskConfig) -> list[Problem]:
     """The fixed held-out set: `held_out_size` distinct problems drawn from `held_out_seed`."""
     _check_config(config)
-    rng = random.Random(config.held_out_seed)
-    seen: dict[Problem, None] = {}
-    while len(seen) < config.held_out_size:
-        seen.setdefault(_draw_problem(rng, config.digits, config.operations))
-    return list(seen)
+    return distinct_draws(_drawer(config), _identity, config.held_out_size, config.held_out_seed)
 
 
 def train_problems(config: ArithmeticTaskConfig, seed: int) -> Iterator[Problem]:
     """An endless seeded stream of training problems, none of them in the held-out set."""
-    excluded = set(held_out_problems(config))
-    rng = random.Random(seed)
-    while True:
-        problem = _draw_problem(rng, config.digits, config.operations)
-        if problem not in excluded:
-            yield problem
+    return draws_excluding(_drawer(config), _identity, set(held_out_problems(config)), seed)
+
+
+def _drawer(config: ArithmeticTaskConfig) -> Callable[[random.Random], Problem]:
+    return lambda rng: _draw_problem(rng, config.digits, config.operations)
+
+
+def _identity(problem: Problem) -> Problem:
+    return problem
 
 
 def rows(problems: list[Problem]) -> list[dict[str, str]]:

@@ -66,9 +66,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
-from rlvr.tasks.spec import Row, TaskSpec
+from rlvr.tasks.spec import Row, TaskSpec, distinct_draws, draws_excluding
 from rlvr.verifiers.code import extract_code, verify_batch
 
 NAME = "code"
@@ -192,22 +193,14 @@ def _check_config(config: CodeTaskConfig) -> None:
 def held_out_problems(config: CodeTaskConfig) -> list[Problem]:
     """The fixed held-out set: `held_out_size` distinct functions drawn from `held_out_seed`."""
     _check_config(config)
-    rng = random.Random(config.held_out_seed)
-    seen: dict[tuple[int, ...], Problem] = {}
-    while len(seen) < config.held_out_size:
-        problem = _draw_problem(rng)
-        seen.setdefault(problem.fingerprint, problem)
-    return list(seen.values())
+    fingerprint = attrgetter("fingerprint")
+    return distinct_draws(_draw_problem, fingerprint, config.held_out_size, config.held_out_seed)
 
 
 def train_problems(config: CodeTaskConfig, seed: int | str) -> Iterator[Problem]:
     """An endless seeded stream of training problems, none of them a held-out function."""
     excluded = {p.fingerprint for p in held_out_problems(config)}
-    rng = random.Random(seed)
-    while True:
-        problem = _draw_problem(rng)
-        if problem.fingerprint not in excluded:
-            yield problem
+    return draws_excluding(_draw_problem, attrgetter("fingerprint"), excluded, seed)
 
 
 def rows(problems: Sequence[Problem]) -> list[Row]:

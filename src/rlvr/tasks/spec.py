@@ -5,11 +5,13 @@ A task owns its verifier. The lab and `rlvr train --task NAME` need nothing else
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import random
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 Row = dict[str, Any]  # "prompt" plus the columns its reward function reads (e.g. "answer")
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
@@ -35,3 +37,29 @@ class TaskSpec:
     """A few words for plots and logs, e.g. "3-digit addition"."""
     min_new_tokens: int = 1
     """The longest correct completion plus EOS: a smaller budget is refused before training."""
+
+
+def distinct_draws(
+    draw: Callable[[random.Random], P], key: Callable[[P], Hashable], count: int, seed: int | str
+) -> list[P]:
+    """`count` problems from `draw`, distinct by `key`, in draw order: a fixed held-out set."""
+    rng = random.Random(seed)
+    seen: dict[Hashable, P] = {}
+    while len(seen) < count:
+        problem = draw(rng)
+        seen.setdefault(key(problem), problem)
+    return list(seen.values())
+
+
+def draws_excluding(
+    draw: Callable[[random.Random], P],
+    key: Callable[[P], Hashable],
+    excluded: set[Hashable],
+    seed: int | str,
+) -> Iterator[P]:
+    """An endless seeded stream from `draw`, skipping problems whose key is in `excluded`."""
+    rng = random.Random(seed)
+    while True:
+        problem = draw(rng)
+        if key(problem) not in excluded:
+            yield problem

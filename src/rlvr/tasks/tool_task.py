@@ -61,9 +61,10 @@ import random
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
-from rlvr.tasks.spec import Row, TaskSpec
+from rlvr.tasks.spec import Row, TaskSpec, distinct_draws, draws_excluding
 from rlvr.verifiers import tool as tool_verifier
 
 NAME = "tool"
@@ -190,22 +191,14 @@ def _check_config(config: ToolTaskConfig) -> None:
 def held_out_problems(config: ToolTaskConfig) -> list[Problem]:
     """The fixed held-out set: `held_out_size` distinct problems drawn from `held_out_seed`."""
     _check_config(config)
-    rng = random.Random(config.held_out_seed)
-    seen: dict[tuple[str, int, int], Problem] = {}
-    while len(seen) < config.held_out_size:
-        problem = _draw_problem(rng)
-        seen.setdefault(problem.key, problem)
-    return list(seen.values())
+    return distinct_draws(_draw_problem, attrgetter("key"), config.held_out_size,
+                          config.held_out_seed)  # fmt: skip
 
 
 def train_problems(config: ToolTaskConfig, seed: int | str) -> Iterator[Problem]:
     """An endless seeded stream of training problems, none of them in the held-out set."""
     excluded = {p.key for p in held_out_problems(config)}
-    rng = random.Random(seed)
-    while True:
-        problem = _draw_problem(rng)
-        if problem.key not in excluded:
-            yield problem
+    return draws_excluding(_draw_problem, attrgetter("key"), excluded, seed)
 
 
 def rows(problems: Sequence[Problem]) -> list[Row]:
