@@ -291,28 +291,25 @@ def grpo_step(
             ref_logp = completion_logprobs(models.reference, *cols, config.temperature)
 
     # --- advantages: group baseline, or GAE with the learned critic (PPO) ------------------
+    # PPO credits tokens: the outcome reward sits on the last completion token
+    gae = config.advantage_estimator == "gae"
+    returns_in = algo.outcome_to_token_rewards(shaped, batch.completion_mask) if gae else shaped
+    if config.kl_in_reward and ref_logp is not None:  # same shape out: [N] or [N, T]
+        returns_in = algo.kl_in_reward(
+            returns_in, batch.logprobs, ref_logp, batch.completion_mask, config.beta,
+            config.kl_estimator,
+        )  # fmt: skip
     values = returns = None
-    if config.advantage_estimator == "gae":
-        token_rewards = algo.outcome_to_token_rewards(shaped, batch.completion_mask)
-        if config.kl_in_reward and ref_logp is not None:
-            token_rewards = algo.kl_in_reward(
-                token_rewards, batch.logprobs, ref_logp, batch.completion_mask, config.beta,
-                config.kl_estimator,
-            )  # fmt: skip
+    if gae:
         with torch.no_grad():
             values = models.critic(*cols)
         advantages, returns = algo.gae_advantages(
-            token_rewards, values, batch.completion_mask, config.gamma, config.lam
+            returns_in, values, batch.completion_mask, config.gamma, config.lam
         )
         advantages = algo.masked_whiten(advantages, loss_mask)
     else:
-        if config.kl_in_reward and ref_logp is not None:
-            shaped = algo.kl_in_reward(
-                shaped, batch.logprobs, ref_logp, batch.completion_mask, config.beta,
-                config.kl_estimator,
-            )  # fmt: skip
         estimator = algo.ADVANTAGE_ESTIMATORS[config.advantage_estimator]
-        advantages = estimator(shaped, batch.group_ids, scale_rewards=config.scale_rewards)
+        advantages = estimator(returns_in, batch.group_ids, scale_rewards=config.scale_rewards)
     t2 = time.perf_counter()
 
     # --- loss and update: mu passes against the sampling log-probs --------------------------
