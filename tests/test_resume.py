@@ -56,7 +56,7 @@ def test_kill_and_resume_gives_the_uninterrupted_result(tmp_path):
     expected = stable(read_jsonl(whole / "metrics.jsonl"))
     expected_weights = load_file(whole / "model" / "model.safetensors")
 
-    for kill_at in sorted(random.Random(0).sample(range(1, STEPS - 3), 2)):
+    for kill_at in sorted(random.Random(0).sample(range(1, STEPS - 3), 3)):
         name = f"killed-{kill_at}"
         process = start_subprocess(lab_args(tmp_path, name))
         run = tmp_path / "runs" / name
