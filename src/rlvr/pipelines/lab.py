@@ -129,9 +129,7 @@ def build_task(config: LabConfig) -> TaskSpec:
         from rlvr.tasks import jsonl
 
         return jsonl.task_spec(config.task, seed=config.seed)
-    raise ValueError(
-        f"unknown task {config.task!r}; choose arithmetic, code, tool or a FILE.jsonl"
-    )
+    raise ValueError(f"unknown task {config.task!r}; choose arithmetic, code, tool or a FILE.jsonl")
 
 
 def effective_hedge_prob(config: LabConfig) -> float:
