@@ -21,7 +21,9 @@ def total_rewards(
 
     `None` (not applicable) counts as 0. A function that raises, returns the wrong number of
     values or a non-finite value scores 0 for the affected rows and is counted in
-    `reward/errors`; the run goes on. Each function's mean is reported as `reward/<name>`.
+    `reward/errors`; the run goes on. Each function's mean is reported as `reward/<name>`. A
+    function with a `reason_counts(reset=...)` attribute (the math verifier) also reports its
+    verdicts of this call by reason as `verifier/<name>/<reason>` (timeouts among them).
     """
     n = len(completions)
     total = torch.zeros(n)
@@ -29,6 +31,9 @@ def total_rewards(
     errors = 0
     for fn, weight in zip(reward_fns, weights, strict=True):
         name = getattr(fn, "__name__", type(fn).__name__)
+        counts = getattr(fn, "reason_counts", None)
+        if callable(counts):
+            counts(reset=True)  # forget verdicts from outside this call (e.g. evaluation)
         try:
             values = list(fn(prompts, completions, **columns))
             if len(values) != n:
@@ -42,6 +47,9 @@ def total_rewards(
             clean.append(float(v) if ok and v is not None else 0.0)
         scores = torch.tensor(clean)
         metrics[f"reward/{name}"] = scores.mean().item()
+        if callable(counts):
+            for reason, count in counts(reset=True).items():
+                metrics[f"verifier/{name}/{reason}"] = float(count)
         total += weight * scores
     metrics["reward/errors"] = float(errors)
     return total, metrics

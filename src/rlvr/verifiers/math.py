@@ -631,6 +631,10 @@ def math_reward(
     return [score(completion, reference) for completion, reference in pairs]
 
 
+# the trainer logs verdicts by reason per step (timeouts, hedges, ...) through this attribute
+math_reward.reason_counts = reason_counts  # type: ignore[attr-defined]
+
+
 # --- symbolic comparison: caller side ------------------------------------------------------
 
 
