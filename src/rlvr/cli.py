@@ -80,7 +80,7 @@ class CompareConfig:
     seed: int = 0
     """The same seed for every recipe."""
     train_args: str = ""
-    """Further arguments for every `rlvr train`, e.g. "--model DIR --task.digits 2"."""
+    """Further arguments for every `rlvr train`, e.g. "--model DIR --arithmetic.digits 2"."""
 
 
 def compare(config: CompareConfig) -> None:
