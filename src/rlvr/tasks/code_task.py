@@ -374,5 +374,6 @@ def task_spec(seed_offset: int = 0) -> TaskSpec:
         reward_fn=code_task_reward,
         score=code_task_score,
         max_new_tokens=MAX_NEW_TOKENS,
+        min_new_tokens=MAX_NEW_TOKENS,  # the correct completion and EOS
         describe="one-line Python functions (3 assert tests)",
     )

@@ -301,5 +301,6 @@ def task_spec(seed_offset: int = 0) -> TaskSpec:
         reward_fn=tool_task_reward,
         score=tool_task_score,
         max_new_tokens=MAX_NEW_TOKENS,
+        min_new_tokens=COMPLETION_CHARS + 1,  # the correct completion and EOS
         describe="calculator tool calls (sum/sub/mul, JSON)",
     )

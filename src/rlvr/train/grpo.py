@@ -218,12 +218,11 @@ def sample_and_score(
             config.max_new_tokens, config.temperature, generator,
         )  # fmt: skip
         t1 = time.perf_counter()
-        repeat = config.group_size
-        prompts = [r["prompt"] for r in rows for _ in range(repeat)]
-        columns = {k: [r[k] for r in rows for _ in range(repeat)] for k in rows[0] if k != "prompt"}
+        per_completion = [r for r in rows for _ in range(config.group_size)]  # group-major
         rewards, metrics = total_rewards(
-            reward_fns, reward_weights, prompts, batch.completions, columns
-        )
+            reward_fns, reward_weights, [r["prompt"] for r in per_completion],
+            batch.completions, columns_of(per_completion),
+        )  # fmt: skip
         generate_s, verify_s = generate_s + t1 - t0, verify_s + time.perf_counter() - t1
         if config.dynamic_sampling:
             keep = algo.dynamic_sampling_keep(rewards, batch.group_ids).nonzero().squeeze(1)
@@ -235,7 +234,8 @@ def sample_and_score(
         kept_groups += len(rows)
         if kept_groups >= config.prompts_per_step:
             break
-    batch = concat_batches(batches, tokenizer.pad_token_id)
+    # one sampling round (always, without dynamic sampling) needs no re-padding copy
+    batch = batches[0] if len(batches) == 1 else concat_batches(batches, tokenizer.pad_token_id)
     rewards = torch.cat(all_rewards)
     if config.dynamic_sampling and len(rewards) > 0:
         # train on exactly B groups when more were kept: the first B, in sampling order
@@ -561,12 +561,10 @@ def monitor_hacking(
 ) -> dict[str, float]:
     """Re-score the first `monitor_samples` completions with the strict verifier."""
     n = min(config.monitor_samples, len(batch.completions))
-    row_of_group = {g: i for i, g in enumerate(batch.group_ids.unique().tolist())}
-    sample_rows = [rows[row_of_group[int(g)]] for g in batch.group_ids[:n]]
-    columns = {k: [r[k] for r in sample_rows] for k in sample_rows[0] if k != "prompt"}
+    sample_rows = rows_per_completion(rows, batch.group_ids)[:n]
     strict, _ = total_rewards(
         [strict_reward_fn], [1.0], [r["prompt"] for r in sample_rows], batch.completions[:n],
-        columns,
+        columns_of(sample_rows),
     )  # fmt: skip
     train_reward, strict_acc = rewards[:n].mean().item(), strict.mean().item()
     gap = train_reward - strict_acc
@@ -576,6 +574,19 @@ def monitor_hacking(
         "monitor/gap": gap,
         "monitor/flagged": float(gap > config.monitor_gap),
     }
+
+
+def rows_per_completion(
+    rows: list[dict[str, Any]], group_ids: torch.Tensor
+) -> list[dict[str, Any]]:
+    """The row each completion answers: `rows` are in the order of the sorted group ids."""
+    row_of_group = {g: i for i, g in enumerate(group_ids.unique().tolist())}
+    return [rows[row_of_group[g]] for g in group_ids.tolist()]
+
+
+def columns_of(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """Reward-function columns (every key but "prompt") of per-completion rows."""
+    return {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
 
 
 def is_eval_step(step: int, every: int, last: int) -> bool:
@@ -590,9 +601,9 @@ def _sample_records(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The first `samples_per_step` completions of the step, as plain data."""
     out = []
-    row_of_group = {g: i for i, g in enumerate(batch.group_ids.unique().tolist())}
+    completion_rows = rows_per_completion(rows, batch.group_ids) if rows else []
     for i in range(min(config.samples_per_step, len(batch.completions))):
-        row = rows[row_of_group[int(batch.group_ids[i])]]
+        row = completion_rows[i]
         out.append(
             {
                 "step": step,
