@@ -1,0 +1,246 @@
+"""How rlvr's GRPO step time grows with group size, prompts per step, completion length and
+model size on this machine, split into generate / update / other.
+
+    python benchmarks/cost_model.py                       # about 4-8 minutes on 2 cores
+    python benchmarks/cost_model.py --quick               # smoke test, under a minute
+    python benchmarks/cost_model.py --out docs/cost_model.png --json cost.json
+
+One variable moves at a time from the lab's point (G = 8 completions per prompt, B = 16
+prompts, 3-digit addition, the lab's 1.25 M-parameter shape: 3 layers of width 160). Each point
+runs `rlvr.train.grpo.train_grpo` for a warm-up step plus `--steps` measured steps and takes
+the median of each part of `time/step_s`: `time/generate_s` (sampling), `time/update_s` (loss,
+backward, optimizer) and the rest (verifying, advantages).
+
+What is held fixed, and why:
+- the model is freshly initialised (seed 0) at every shape, so that every point costs no base
+  training; weights do not change arithmetic cost, completion length does, and a fresh model
+  rarely emits EOS, so its completions run close to the task's budget (the mean length is
+  measured and reported). The length axis is the task's budget: `ArithmeticTaskConfig(digits)`.
+- the reward is a seeded coin flip per completion (a fresh model solves nothing): groups then
+  have reward variance as in a learning run, so no step is a no-op update.
+- threads are rlvr's defaults: 1 while sampling, 2 for the update; OMP_WAIT_POLICY=PASSIVE.
+
+The achieved arithmetic rate of the update is 6 x parameters x tokens processed (prompt +
+completion width, padding included, x B x G) per second of `time/update_s`, plus attention,
+as a fraction of the machine's 2048^2 fp32 matmul rate on 2 threads, measured in the same run;
+generation's is 2 x parameters x completion tokens per second of `time/generate_s`, plus
+attention (conventions in `benchmarks/_common.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import _common as common
+
+LAB = {"group": 8, "prompts": 16, "digits": 3, "size": "3x160"}
+SIZES = {  # layers x hidden: (layers, hidden, heads); MLP width 4 x hidden
+    "2x128": (2, 128, 4),
+    "3x160": (3, 160, 4),
+    "4x256": (4, 256, 4),
+    "6x320": (6, 320, 5),
+}
+AXES = {
+    "group": ("completions per prompt G", [4, 8, 16]),
+    "prompts": ("prompts per step B", [8, 16, 32]),
+    "digits": ("task digits (completion budget)", [3, 6, 12]),
+    "size": ("model (layers x hidden)", list(SIZES)),
+}
+QUICK_AXES = {
+    "group": [4, 8],
+    "prompts": [4, 8],
+    "digits": [3, 6],
+    "size": ["2x128", "3x160"],
+}
+
+
+def coin_flip_reward(seed: int):
+    """A TRL-signature reward: 0 or 1 per completion, seeded."""
+    rng = random.Random(seed)
+
+    def reward(prompts, completions, **columns):
+        return [float(rng.random() < 0.5) for _ in completions]
+
+    return reward
+
+
+def measure(point: dict, steps: int) -> dict:
+    """Run one point: a warm-up step plus `steps` steps; medians of the parts of a step."""
+    import torch
+
+    from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+    from rlvr.report.run_dir import RunDirectory
+    from rlvr.train.grpo import GRPOConfig, train_grpo
+
+    layers, hidden, heads = SIZES[point["size"]]
+    tiny = {"num_layers": layers, "hidden_size": hidden, "num_heads": heads,
+            "intermediate_size": 4 * hidden}  # fmt: skip
+    _, task = common.lab_setup(point["digits"])
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(**tiny), tokenizer, seed=0)
+    config = GRPOConfig(
+        steps=steps + 1, prompts_per_step=point["prompts"], group_size=point["group"],
+        max_new_tokens=task.max_new_tokens, checkpoint_every=0, monitor_every=0,
+    )  # fmt: skip
+    torch.set_num_threads(2)
+    run = RunDirectory(tempfile.mkdtemp(prefix="rlvr-cost-"), "run")
+    records = train_grpo(
+        model, tokenizer, task.train_rows(10_000), [coin_flip_reward(0)], config, run,
+        evaluate=lambda m: {}, seed=0, progress=False,
+    )  # fmt: skip
+    records = [r for r in records if "time/step_s" in r][1:]  # drop the warm-up step
+    shape = common.model_shape(model)
+    n = point["prompts"] * point["group"]
+    prompt_len = len(task.held_out_rows()[0]["prompt"])
+    step = common.median(r["time/step_s"] for r in records)
+    generate = common.median(r["time/generate_s"] for r in records)
+    update = common.median(r["time/update_s"] for r in records)
+    update_rate = common.median(
+        common.update_flops(shape, n, prompt_len + r["completion/len_max"]) / r["time/update_s"]
+        for r in records
+    )
+    generate_rate = common.median(
+        common.generation_flops(shape, n, prompt_len, r["completion/len_mean"])
+        / r["time/generate_s"]
+        for r in records
+    )
+    return {
+        **point,
+        "params": shape["params"],
+        "completions": n,
+        "completion_len": common.median(r["completion/len_mean"] for r in records),
+        "budget": task.max_new_tokens,
+        "step_s": step,
+        "generate_s": generate,
+        "update_s": update,
+        "other_s": max(0.0, step - generate - update),
+        "tokens_per_s": common.median(
+            r["completion/len_mean"] * n / r["time/step_s"] for r in records
+        ),
+        "update_gflops": update_rate / 1e9,
+        "generate_gflops": generate_rate / 1e9,
+    }
+
+
+def run(axes: dict[str, list], steps: int) -> dict:
+    """Every point once (the lab's point is shared by the axes); each point's arithmetic rates
+    are fractions of the matmul rate measured just before it, so that load from other jobs
+    that comes and goes moves both alike."""
+    ceiling = []
+    cache: dict[tuple, dict] = {}
+    results = {}
+    for axis, values in axes.items():
+        results[axis] = []
+        for value in values:
+            point = {**LAB, axis: value}
+            key = tuple(sorted(point.items()))
+            if key not in cache:
+                t0 = time.perf_counter()
+                ceiling.append(common.matmul_gflops())
+                cache[key] = {**measure(point, steps), "matmul_gflops": ceiling[-1]}
+                common.say(
+                    f"[cost] {axis}={value}: {cache[key]['step_s']:.2f} s/step "
+                    f"({time.perf_counter() - t0:.0f} s to measure)"
+                )
+            results[axis].append(cache[key])
+    for p in cache.values():
+        p["update_fraction"] = p["update_gflops"] / p["matmul_gflops"]
+        p["generate_fraction"] = p["generate_gflops"] / p["matmul_gflops"]
+    matmul = common.median(ceiling)
+    return {"matmul_gflops": ceiling, "matmul_median": matmul, "steps": steps, "axes": results}
+
+
+def table(result: dict) -> str:
+    header = [
+        "varied", "value", "params", "B x G", "mean completion tokens", "s/step", "generate s",
+        "update s", "other s", "generate share", "completion tok/s", "matmul GFLOP/s",
+        "update GFLOP/s (of matmul)", "generation GFLOP/s (of matmul)",
+    ]  # fmt: skip
+    rows = []
+    for axis, points in result["axes"].items():
+        for p in points:
+            rows.append(
+                [
+                    AXES[axis][0], p[axis], f"{p['params'] / 1e6:.2f} M",
+                    f"{p['prompts']} x {p['group']}", f"{p['completion_len']:.0f}",
+                    f"{p['step_s']:.2f}", f"{p['generate_s']:.2f}", f"{p['update_s']:.2f}",
+                    f"{p['other_s']:.2f}", f"{p['generate_s'] / p['step_s']:.0%}",
+                    f"{p['tokens_per_s']:,.0f}", f"{p['matmul_gflops']:.0f}",
+                    f"{p['update_gflops']:.1f} ({p['update_fraction']:.0%})",
+                    f"{p['generate_gflops']:.1f} ({p['generate_fraction']:.0%})",
+                ]
+            )  # fmt: skip
+    return common.markdown_table(header, rows)
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axs = plt.subplots(1, 4, figsize=(16, 4.2))
+    parts = [("generate_s", "generate", "#4c72b0"), ("update_s", "update", "#dd8452"),
+             ("other_s", "other", "#8c8c8c")]  # fmt: skip
+    for ax, (axis, points) in zip(axs, result["axes"].items()):
+        labels = [_tick(axis, p) for p in points]
+        bottom = [0.0] * len(points)
+        for key, name, color in parts:
+            values = [p[key] for p in points]
+            ax.bar(labels, values, bottom=bottom, color=color, label=name)
+            bottom = [b + v for b, v in zip(bottom, values)]
+        ax.set_title(AXES[axis][0], fontsize=10)
+        ax.set_ylabel("seconds per step")
+        ax.tick_params(axis="x", labelsize=8)
+        for x, p in enumerate(points):
+            label = f"upd {p['update_fraction']:.0%}\ngen {p['generate_fraction']:.0%}"
+            ax.annotate(label, (x, bottom[x]), ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, max(bottom) * 1.25)
+    axs[0].legend(loc="upper left", fontsize=8)
+    fig.suptitle(
+        "rlvr GRPO step time on 2 CPU cores (annotations: update's and generation's achieved "
+        f"fraction of the 2048² matmul rate, median {result['matmul_median']:.0f} GFLOP/s)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _tick(axis: str, p: dict) -> str:
+    if axis == "digits":
+        return f"{p['digits']} digits\n~{p['completion_len']:.0f} tok"
+    if axis == "size":
+        return f"{p['size']}\n{p['params'] / 1e6:.1f} M"
+    return str(p[axis])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per point")
+    parser.add_argument("--quick", action="store_true", help="smoke test: 2 points per axis")
+    parser.add_argument("--out", type=Path, default=Path("cost_model.png"), help="the figure")
+    parser.add_argument("--json", type=Path, help="write the measurements as JSON here")
+    args = parser.parse_args()
+    axes = {k: v for k, (_, v) in AXES.items()}
+    if args.quick:
+        axes, args.steps = QUICK_AXES, 1
+        LAB.update(prompts=4, group=4)
+    start = time.perf_counter()
+    result = run(axes, args.steps)
+    print(table(result))
+    print()
+    rates = ", ".join(f"{g:.0f}" for g in result["matmul_gflops"])
+    print(f"matmul 2048² fp32, 2 threads, before each point: {rates} GFLOP/s")
+    plot(result, args.out)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    common.say(f"[cost] {time.perf_counter() - start:.0f} s in all; figure: {args.out}")
+
+
+if __name__ == "__main__":
+    main()
