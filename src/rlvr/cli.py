@@ -12,11 +12,14 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from typing import Annotated  # noqa: E402
 
 import tyro  # noqa: E402
 
 from rlvr.pipelines.lab import LabConfig  # noqa: E402
+from rlvr.rollout.rejection import RejectionConfig  # noqa: E402
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
+from rlvr.train.sft import SFTConfig  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,76 @@ class CompareConfig:
     """The same seed for every recipe."""
     train_args: str = ""
     """Further arguments for every `rlvr train`, e.g. "--model DIR --arithmetic.digits 2"."""
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """`rlvr sample`: rejection sampling; writes the verified completions as `rlvr sft` input."""
+
+    model: str
+    """A local Hugging Face model directory."""
+    output: str
+    """The JSONL file to write: {"prompt", "completion", "reward", ...row columns} per line."""
+    task: str = "arithmetic"
+    """Prompts and verifier: arithmetic, code or tool (training rows, the task's strict
+    verifier), or a FILE.jsonl of rows with "prompt" and the verifier's column ("answer")."""
+    num_prompts: int | None = 256
+    """Prompts to sample for: the first N training rows of a task, or of FILE.jsonl (None: all
+    of the file's rows)."""
+    verifier: str = "math"
+    """For a FILE.jsonl: math, tool, format or weak_math (a named task uses its own)."""
+    overwrite: bool = False
+    """Replace an existing output file."""
+    threads: int = 2
+    """CPU threads (torch.set_num_threads)."""
+    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    sampling: Annotated[RejectionConfig, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=RejectionConfig
+    )
+
+
+def sample(config: SampleConfig) -> dict:
+    import itertools
+    import pathlib
+
+    import torch
+
+    from rlvr.models.tiny import load_model
+    from rlvr.rollout.rejection import rejection_sample, write_jsonl
+
+    if pathlib.Path(config.output).exists() and not config.overwrite:
+        raise FileExistsError(f"{config.output} exists; pass --overwrite to replace it")
+    if config.task.endswith(".jsonl"):
+        from rlvr.tasks.jsonl import load_rows
+        from rlvr.verifiers.adapters import trl_reward
+        from rlvr.verifiers.files import REFERENCE_FIELD
+
+        reward_fn = trl_reward(config.verifier)
+        column = REFERENCE_FIELD.get(config.verifier)
+        rows = load_rows(config.task, ("prompt", column) if column else ("prompt",))
+        rows, budget = rows[: config.num_prompts], 512
+    else:
+        from rlvr.pipelines.lab import build_task
+
+        task = build_task(LabConfig(task=config.task, arithmetic=config.arithmetic))
+        rows = list(itertools.islice(task.train_rows(config.sampling.seed), config.num_prompts))
+        reward_fn, budget = task.reward_fn, task.max_new_tokens
+    sampling = config.sampling
+    if sampling.max_new_tokens is None:
+        sampling = dataclasses.replace(sampling, max_new_tokens=budget)
+    torch.set_num_threads(config.threads)
+    model, tokenizer = load_model(config.model)
+    kept, summary = rejection_sample(model, tokenizer, rows, reward_fn, sampling)
+    write_jsonl(kept, config.output)
+    summary = {"output": config.output, **summary}
+    print(json.dumps(summary))
+    return summary
+
+
+def sft(config: SFTConfig) -> None:
+    from rlvr.train.sft import run_sft
+
+    run_sft(config)
 
 
 def compare(config: CompareConfig) -> None:
@@ -159,6 +232,8 @@ COMMANDS = {
     "compare": (compare, CompareConfig, "Run several recipes side by side: one figure, one table."),
     "eval": (evaluate, EvalConfig, "Held-out accuracy of a local model."),
     "verify": (verify, VerifyConfig, "Grade one completion with the strict math verifier."),
+    "sft": (sft, SFTConfig, "Fine-tune on prompt/completion pairs (loss on completion tokens)."),
+    "sample": (sample, SampleConfig, "Rejection sampling: keep verified completions as SFT data."),
 }
 
 
