@@ -11,43 +11,79 @@ EOS = TOKENIZER.eos_token_id
 PAD = TOKENIZER.pad_token_id
 
 
-class ScriptedModel(torch.nn.Module):
-    """Emits a fixed token script per row: row i's step-t token is script[i][t]."""
+class MarkovModel(torch.nn.Module):
+    """Deterministic: the next token is `table[last input token]` (EOS if absent). It sees only
+    the tokens it is fed, so it works with any batch order, prefill sharing or row dropping."""
 
-    def __init__(self, script: list[list[int]], prompt_len: int):
+    def __init__(self, table: dict[int, int]):
         super().__init__()
         self.dummy = torch.nn.Parameter(torch.zeros(1))
-        self.script = script
-        self.prompt_len = prompt_len
+        self.table = table
+        self.calls: list[int] = []  # batch size of every forward pass
 
-    def forward(self, input_ids, attention_mask, **kwargs):
-        step = attention_mask.shape[1] - self.prompt_len
+    def forward(self, input_ids, **kwargs):
+        self.calls.append(input_ids.shape[0])
         logits = torch.full((input_ids.shape[0], 1, len(TOKENIZER)), -30.0)
-        for i, row in enumerate(self.script):
-            logits[i, 0, row[min(step, len(row) - 1)]] = 30.0
+        for i, last in enumerate(input_ids[:, -1].tolist()):
+            logits[i, 0, self.table.get(last, EOS)] = 30.0
         return SimpleNamespace(logits=logits)
+
+
+class EosBias(torch.nn.Module):
+    """A model whose EOS logit is raised by `bias`, so that rows end at different steps."""
+
+    def __init__(self, model: torch.nn.Module, bias: float):
+        super().__init__()
+        self.model, self.bias = model, bias
+
+    def forward(self, **kwargs):
+        out = self.model(**kwargs)
+        out.logits[..., EOS] += self.bias
+        return out
 
 
 def ids(text: str) -> list[int]:
     return TOKENIZER(text, add_special_tokens=False)["input_ids"]
 
 
+def chain(text: str) -> dict[int, int]:
+    """Transitions that spell `text` one character after another."""
+    t = ids(text)
+    return dict(zip(t[:-1], t[1:]))
+
+
+# prompt "a" -> "12", "b" -> "", "c" -> "9999..." (never ends), "d" -> "7"
+TABLE = {**chain("a12"), ids("2")[0]: EOS, ids("b")[0]: EOS, **chain("c9"), **chain("99")}
+TABLE.update({**chain("d7"), ids("7")[0]: EOS})
+
+
 def test_mask_ends_at_eos_and_truncation_is_flagged():
-    # 2 prompts x 2 samples; rows stop after 2 chars, 0 chars, never, 1 char
-    script = [ids("12") + [EOS], [EOS], ids("99999"), ids("7") + [EOS]]
-    model = ScriptedModel(script, prompt_len=len(ids("1+1=")))
-    batch = sample_completions(model, TOKENIZER, ["1+1=", "2+2="], 2, 4, temperature=0)
-    assert batch.completions == ["12", "", "9999", "7"]
+    model = MarkovModel(TABLE)
+    batch = sample_completions(model, TOKENIZER, ["a", "b", "c", "d"], 2, 4, temperature=0)
+    assert batch.completions == ["12", "12", "", "", "9999", "9999", "7", "7"]
     torch.testing.assert_close(
-        batch.completion_mask,
+        batch.completion_mask[::2],
         torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]).float(),
     )
-    assert batch.truncated.tolist() == [False, False, True, False]
-    assert batch.lengths.tolist() == [3, 1, 4, 2]  # EOS counts as a completion token
-    assert batch.group_ids.tolist() == [0, 0, 1, 1]
+    assert batch.truncated[::2].tolist() == [False, False, True, False]
+    assert batch.lengths[::2].tolist() == [3, 1, 4, 2]  # EOS counts as a completion token
+    assert batch.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
     # after EOS a row holds padding, and its log-probs are 0 there
-    assert batch.completion_ids[1, 1:].tolist() == [PAD] * 3
+    assert batch.completion_ids[2, 1:].tolist() == [PAD] * 3
     assert torch.all(batch.logprobs[batch.completion_mask == 0] == 0)
+
+
+def test_prefill_runs_once_per_prompt_and_finished_rows_leave_the_batch():
+    model = MarkovModel(TABLE)
+    sample_completions(model, TOKENIZER, ["a", "b", "c", "d"], 2, 4, temperature=0)
+    # prefill: 4 prompts, not 8 rows; then b's rows end at once, d's after 2 tokens, a's after 3
+    assert model.calls == [4, 6, 4, 2]
+    model.calls.clear()
+    sample_completions(
+        model, TOKENIZER, ["a", "b", "c", "d"], 2, 4, temperature=0, drop_finished=False,
+        share_prompt_cache=False,
+    )  # fmt: skip
+    assert model.calls == [8, 8, 8, 8]  # every row decodes until the longest ends
 
 
 def test_position_ids_skip_left_padding():
@@ -81,8 +117,30 @@ def test_cached_batched_greedy_matches_naive_decoding():
         assert batch.completion_ids[i, :n].tolist() == expected
 
 
+def test_row_dropping_and_prompt_sharing_do_not_change_greedy_output():
+    tiny = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), TOKENIZER, seed=3)
+    model = EosBias(tiny, 0.92)  # rows end after 1 to 15 tokens, some never
+    # unequal lengths: left padding exercised
+    prompts = ["357+468=", "1+2=", "99-5=", "7=", "12+34=", "5+6=", "808-1=", "42="]
+    outputs = []
+    for drop in (True, False):
+        for share in (True, False):
+            batch = sample_completions(
+                model, TOKENIZER, prompts, 2, 16, temperature=0, drop_finished=drop,
+                share_prompt_cache=share,
+            )  # fmt: skip
+            outputs.append(batch)
+    lengths = set(outputs[0].lengths.tolist())
+    assert len(lengths) >= 3 and 16 in lengths  # early ends and a truncation
+    for other in outputs[1:]:
+        assert other.completions == outputs[0].completions
+        torch.testing.assert_close(other.completion_mask, outputs[0].completion_mask)
+        torch.testing.assert_close(other.logprobs, outputs[0].logprobs, atol=1e-5, rtol=1e-5)
+
+
 def test_sampling_logprobs_match_a_full_forward_pass():
-    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), TOKENIZER, seed=1)
+    tiny = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), TOKENIZER, seed=1)
+    model = EosBias(tiny, 2.0)  # rows of different lengths leave the decode batch early
     generator = torch.Generator().manual_seed(0)
     batch = sample_completions(
         model, TOKENIZER, ["12+34=", "5+6="], 3, 10, temperature=0.7, generator=generator
@@ -93,6 +151,7 @@ def test_sampling_logprobs_match_a_full_forward_pass():
             batch.completion_mask, temperature=0.7,
         )  # fmt: skip
     mask = batch.completion_mask
+    assert len(set(batch.lengths.tolist())) >= 2
     torch.testing.assert_close(logp * mask, batch.logprobs, atol=1e-5, rtol=1e-5)
 
 

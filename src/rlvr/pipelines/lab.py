@@ -34,6 +34,7 @@ from rlvr.models.tiny import (
 )
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
+from rlvr.report.step_time import format_step_time, step_time_split
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.spec import TaskSpec
@@ -283,6 +284,7 @@ def run_lab(config: LabConfig) -> dict:
         "rl_seconds": rl_seconds,
         "wall_seconds": time.perf_counter() - start,
         "median_step_seconds": _median([r["time/step_s"] for r in steps]),
+        "step_time": step_time_split(records),
         "verifier": config.verifier,
         "hacking_monitor": _monitor_summary(records),
     }
@@ -296,6 +298,7 @@ def run_lab(config: LabConfig) -> dict:
         f"{summary['final_sampled_acc']:.3f} in {summary['wall_seconds']:.0f} s; "
         f"see {run.path}/",
     )
+    _say(config, format_step_time(summary["step_time"]))
     return summary
 
 

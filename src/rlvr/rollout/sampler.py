@@ -47,80 +47,143 @@ def sample_completions(
     max_new_tokens: int,
     temperature: float,
     generator: torch.Generator | None = None,
+    drop_finished: bool = True,
+    share_prompt_cache: bool = True,
 ) -> RolloutBatch:
     """Sample `num_samples` completions for each prompt; `temperature == 0` means greedy.
 
     Rows are ordered group-major: rows `i*num_samples ... (i+1)*num_samples - 1` answer
-    `prompts[i]`.
+    `prompts[i]`. Two savings, each switchable so that benchmarks and tests can compare:
+    `share_prompt_cache` runs the prefill once per prompt and copies its KV cache to the
+    prompt's G rows; `drop_finished` takes a row out of the decode batch at its EOS, so a
+    finished row costs no further forward passes (otherwise it decodes padding until the
+    longest row ends, as `generate` does).
     """
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError("num_samples and max_new_tokens must be >= 1")
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-    prompt_ids = encoded["input_ids"].repeat_interleave(num_samples, dim=0).to(device)
-    prompt_mask = encoded["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
+    unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
+    prompt_ids = unique_ids.repeat_interleave(num_samples, dim=0)
+    prompt_mask = unique_mask.repeat_interleave(num_samples, dim=0)
     n = prompt_ids.shape[0]
     eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
 
     was_training = model.training
     model.eval()
+    # --- prefill: each prompt once; its cache and next-token logits serve its G rows --------
     cache = DynamicCache()
-    attention_mask = prompt_mask
+    shared = share_prompt_cache and num_samples > 1
+    prefill_ids, prefill_mask = (unique_ids, unique_mask) if shared else (prompt_ids, prompt_mask)
     out = model(
-        input_ids=prompt_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
+        input_ids=prefill_ids,
+        attention_mask=prefill_mask,
+        position_ids=position_ids_from_mask(prefill_mask),
         cache=cache,
         use_cache=True,
         logits_to_keep=1,
     )
-    next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
-    tokens, logps = [], []
+    logits = out.logits[:, -1, :].float()
+    if shared:
+        cache.batch_repeat_interleave(num_samples)
+        logits = logits.repeat_interleave(num_samples, dim=0)
+
+    # --- decode: one cached forward per token, over the rows still running ------------------
+    # without left padding or kept finished rows, every cached position is visible: no mask
+    needs_mask = not drop_finished or bool((prompt_mask == 0).any())
+    attention_mask = prompt_mask  # [A, L] for the A rows in the decode batch
+    next_position = prompt_mask.sum(dim=1, keepdim=True)  # [A, 1]
+    active = torch.arange(n, device=device)  # the decode batch's rows, in cache order
     finished = torch.zeros(n, dtype=torch.bool, device=device)
-    for _ in range(max_new_tokens):
-        logits = out.logits[:, -1, :].float()
-        if temperature > 0:
-            log_dist = torch.log_softmax(logits / temperature, dim=-1)
-            token = torch.multinomial(log_dist.exp(), 1, generator=generator).squeeze(1)
-        else:
-            log_dist = torch.log_softmax(logits, dim=-1)
-            token = log_dist.argmax(dim=-1)
-        token = torch.where(finished, torch.full_like(token, pad_id), token)
-        tokens.append(token)
-        logps.append(log_dist.gather(1, token[:, None]).squeeze(1).masked_fill(finished, 0.0))
-        finished = finished | (token == eos_id)
-        if bool(finished.all()):
+    completion_ids = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
+    sampled_logprobs = torch.zeros((n, max_new_tokens), device=device)
+    steps = 0
+    for t in range(max_new_tokens):
+        token, logp = draw_tokens(logits, temperature, generator)
+        done = finished[active]
+        token, logp = token.masked_fill(done, pad_id), logp.masked_fill(done, 0.0)
+        completion_ids[active, t], sampled_logprobs[active, t] = token, logp
+        steps = t + 1
+        finished[active] = done | (token == eos_id)
+        running = (~finished[active]).nonzero().squeeze(1)
+        if len(running) == 0 or steps == max_new_tokens:
             break
-        attention_mask = torch.cat([attention_mask, (~finished).long()[:, None]], dim=1)
+        if drop_finished and len(running) < len(active):
+            cache.batch_select_indices(running)
+            active, token = active[running], token[running]
+            attention_mask, next_position = attention_mask[running], next_position[running]
+        new_column = (~finished[active]).long()[:, None]
+        attention_mask = torch.cat([attention_mask, new_column], dim=1)
         out = model(
             input_ids=token[:, None],
-            attention_mask=attention_mask,
+            attention_mask=attention_mask if needs_mask else None,
             position_ids=next_position,
             cache=cache,
             use_cache=True,
         )
+        logits = out.logits[:, -1, :].float()
         next_position = next_position + 1
     model.train(was_training)
 
-    completion_ids = torch.stack(tokens, dim=1)  # [N, T]
+    return rollout_batch(
+        tokenizer, prompt_ids, prompt_mask, completion_ids[:, :steps],
+        sampled_logprobs[:, :steps], num_samples,
+    )  # fmt: skip
+
+
+def rollout_batch(
+    tokenizer,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_ids: torch.Tensor,
+    sampled_logprobs: torch.Tensor,
+    num_samples: int,
+    num_generated: torch.Tensor | None = None,
+) -> RolloutBatch:
+    """A RolloutBatch from sampled tokens [N, T] (anything after a row's first EOS is ignored):
+    masks end at the first EOS, rows without one are flagged truncated, text is decoded. Any
+    engine (in process, vLLM, another machine) returns its samples through this.
+    `num_generated` [N] says how many tokens each row really has (default: all T)."""
+    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     is_eos = completion_ids == eos_id
     # 1 up to and including the first EOS; everything after it is padding
     after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0
+    if num_generated is not None:
+        columns = torch.arange(completion_ids.shape[1], device=completion_ids.device)
+        after_eos = after_eos | (columns[None, :] >= num_generated[:, None])
     completion_mask = (~after_eos).float()
     truncated = ~is_eos.any(dim=1)
+    completion_ids = completion_ids.masked_fill(after_eos, pad_id)
     # decode up to (not including) EOS; other special tokens such as <think> stay in the text
     lengths = completion_mask.sum(dim=1).long() - (~truncated).long()
     texts = [tokenizer.decode(row[:k].tolist()) for row, k in zip(completion_ids, lengths)]
+    n = completion_ids.shape[0]
     return RolloutBatch(
         prompt_ids=prompt_ids,
         prompt_mask=prompt_mask,
         completion_ids=completion_ids,
         completion_mask=completion_mask,
-        logprobs=torch.stack(logps, dim=1) * completion_mask,
+        logprobs=sampled_logprobs * completion_mask,
         truncated=truncated,
-        group_ids=torch.arange(len(prompts), device=device).repeat_interleave(num_samples),
+        group_ids=torch.arange(n // num_samples, device=completion_ids.device).repeat_interleave(
+            num_samples
+        ),
         completions=texts,
     )
+
+
+def draw_tokens(
+    logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row from `logits` [A, V] and its log-prob under the sampling distribution
+    (logits / temperature; greedy argmax when `temperature == 0`)."""
+    if temperature > 0:
+        log_dist = torch.log_softmax(logits / temperature, dim=-1)
+        token = torch.multinomial(log_dist.exp(), 1, generator=generator).squeeze(1)
+    else:
+        log_dist = torch.log_softmax(logits, dim=-1)
+        token = log_dist.argmax(dim=-1)
+    return token, log_dist.gather(1, token[:, None]).squeeze(1)
 
 
 def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:

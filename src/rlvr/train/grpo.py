@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import signal
 import sys
 import threading
@@ -33,13 +34,16 @@ from rlvr import algo
 from rlvr.models.logprobs import completion_logprobs
 from rlvr.models.value import ValueModel
 from rlvr.report.run_dir import RunDirectory, read_jsonl
-from rlvr.rollout.sampler import RolloutBatch, concat_batches, sample_completions, select_rows
+from rlvr.report.step_time import STEP_PARTS
+from rlvr.rollout.engine import HFEngine, RolloutEngine
+from rlvr.rollout.sampler import RolloutBatch, concat_batches, select_rows
 from rlvr.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
+from rlvr.train.micro_batches import token_budget_micro_batches, trimmed_rows
 from rlvr.train.rewards import RewardFn, total_rewards
 
 
@@ -130,6 +134,10 @@ class GRPOConfig:
     """Completions written to samples.jsonl per step."""
     generation_threads: int = 1
     """CPU threads while sampling: small-batch decoding is faster on one thread."""
+    micro_batch_tokens: int = 0
+    """Split the update into micro-batches of at most this many padded tokens (rows sorted by
+    length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
+    0: one pass over the whole batch."""
 
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
@@ -178,6 +186,7 @@ class Models:
     reference: torch.nn.Module | None = None  # when beta > 0
     critic: ValueModel | None = None  # when advantage_estimator == "gae"
     critic_optimizer: torch.optim.Optimizer | None = None
+    engine: RolloutEngine | None = None  # None: sample in process with the policy itself
 
 
 def build_models(policy: torch.nn.Module, config: GRPOConfig) -> Models:
@@ -213,9 +222,10 @@ def sample_and_score(
         tries += 1
         rows = next_rows()
         t0 = time.perf_counter()
-        batch = sample_completions(
-            models.policy, tokenizer, [r["prompt"] for r in rows], config.group_size,
-            config.max_new_tokens, config.temperature, generator,
+        engine = models.engine or HFEngine(models.policy, tokenizer)
+        batch = engine.generate(
+            [r["prompt"] for r in rows], config.group_size, config.max_new_tokens,
+            config.temperature, generator,
         )  # fmt: skip
         t1 = time.perf_counter()
         per_completion = [r for r in rows for _ in range(config.group_size)]  # group-major
@@ -285,10 +295,12 @@ def grpo_step(
     cols = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
 
     # --- reference log-probs (KL in the loss or in the reward) ------------------------------
-    ref_logp = None
-    if models.reference is not None:
+    ref_logp, ref_s = None, 0.0
+    if models.reference is not None:  # beta = 0 builds no reference: no forward pass here
+        t_ref = time.perf_counter()
         with torch.no_grad():
             ref_logp = completion_logprobs(models.reference, *cols, config.temperature)
+        ref_s = time.perf_counter() - t_ref
 
     # --- advantages: group baseline, or GAE with the learned critic (PPO) ------------------
     # PPO credits tokens: the outcome reward sits on the last completion token
@@ -313,28 +325,56 @@ def grpo_step(
     t2 = time.perf_counter()
 
     # --- loss and update: mu passes against the sampling log-probs --------------------------
+    # (no forward pass for the old log-probs: the sampler kept them, also for mu > 1)
     models.policy.train()
     beta_in_loss = 0.0 if config.kl_in_reward else config.beta
+    parts = token_budget_micro_batches(
+        batch.prompt_mask.sum(dim=1), batch.lengths, config.micro_batch_tokens
+    )
+    # every micro-batch's loss keeps the whole step's divisors: the summed gradient is the
+    # gradient of one pass over the batch
+    step_divisors = (
+        {"num_tokens": max(1.0, loss_mask.sum().item()), "num_seqs": float(len(rewards))}
+        if len(parts) > 1
+        else {}
+    )
+    timings = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "critic": 0.0}
     for _ in range(config.mu):
-        logp = completion_logprobs(models.policy, *cols, config.temperature)
-        loss, loss_metrics = algo.policy_loss(
-            logp, batch.logprobs, advantages, loss_mask,
-            epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
-            clip_ratio_c=config.clip_ratio_c, ratio_level=config.ratio_level,
-            beta=beta_in_loss, ref_logp=ref_logp, kl_estimator=config.kl_estimator,
-            aggregation=config.aggregation, max_len=config.max_new_tokens,
-        )  # fmt: skip
         models.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_value, loss_metrics = 0.0, {}
+        for part in parts:
+            cols_mb, (old_mb, adv_mb, mask_mb, ref_mb) = _micro_batch(
+                batch, part, len(parts) > 1, batch.logprobs, advantages, loss_mask, ref_logp
+            )
+            t_fwd = time.perf_counter()
+            logp = completion_logprobs(models.policy, *cols_mb, config.temperature)
+            loss, metrics_mb = algo.policy_loss(
+                logp, old_mb, adv_mb, mask_mb,
+                epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
+                clip_ratio_c=config.clip_ratio_c, ratio_level=config.ratio_level,
+                beta=beta_in_loss, ref_logp=ref_mb, kl_estimator=config.kl_estimator,
+                aggregation=config.aggregation, max_len=config.max_new_tokens, **step_divisors,
+            )  # fmt: skip
+            t_bwd = time.perf_counter()
+            loss.backward()
+            timings["forward"] += t_bwd - t_fwd
+            timings["backward"] += time.perf_counter() - t_bwd
+            loss_value += loss.item()
+            share = mask_mb.sum().item() / max(1.0, loss_mask.sum().item())
+            for key, value in metrics_mb.items():  # token-weighted means over micro-batches
+                loss_metrics[key] = loss_metrics.get(key, 0.0) + share * value
+        t_opt = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.grad_clip)
-        if not (torch.isfinite(loss) and torch.isfinite(grad_norm)):
+        if not (math.isfinite(loss_value) and torch.isfinite(grad_norm)):
             # a NaN/Inf would poison the weights and Adam's moments: skip, count, let the
             # caller stop after max_nonfinite_steps in a row
             models.optimizer.zero_grad(set_to_none=True)
             metrics["update/nonfinite"] = 1.0
             break
         models.optimizer.step()
+        timings["optimizer"] += time.perf_counter() - t_opt
         if models.critic is not None:
+            t_critic = time.perf_counter()
             critic_loss, critic_metrics = algo.value_loss(
                 models.critic(*cols), values, returns, loss_mask, config.value_clip
             )
@@ -343,6 +383,9 @@ def grpo_step(
             torch.nn.utils.clip_grad_norm_(models.critic.parameters(), config.grad_clip)
             models.critic_optimizer.step()
             loss_metrics.update(critic_metrics)
+            timings["critic"] += time.perf_counter() - t_critic
+    if models.engine is not None:
+        models.engine.sync_weights(models.policy)
     t3 = time.perf_counter()
 
     # --- metrics ------------------------------------------------------------------------
@@ -357,16 +400,42 @@ def grpo_step(
             "completion/len_mean": lengths.mean().item(),
             "completion/len_max": lengths.max().item(),
             "completion/truncated_frac": batch.truncated.float().mean().item(),
-            "loss": loss.item(),
+            "loss": loss_value,
             "grad_norm": grad_norm.item(),
             "lr": models.optimizer.param_groups[0]["lr"],
-            "time/advantage_s": t2 - t1,
+            "update/micro_batches": float(len(parts)),
+            "time/ref_logprobs_s": ref_s,
+            "time/advantage_s": t2 - t1 - ref_s,
+            "time/forward_s": timings["forward"],
+            "time/backward_s": timings["backward"],
+            "time/optimizer_s": timings["optimizer"],
             "time/update_s": t3 - t2,
             "time/step_s": t3 - t0,
             "throughput/completion_tokens_per_s": lengths.sum().item() / (t3 - t0),
+            "throughput/generate_tokens_per_s": lengths.sum().item()
+            / max(metrics["time/generate_s"], 1e-9),
         }
     )
+    if models.critic is not None:
+        metrics["time/critic_s"] = timings["critic"]
+    named = sum(metrics[f"time/{k}_s"] for k in STEP_PARTS if f"time/{k}_s" in metrics)
+    metrics["time/other_s"] = max(0.0, metrics["time/step_s"] - named)
     return metrics, batch, rows, rewards
+
+
+def _micro_batch(
+    batch: RolloutBatch, rows: torch.Tensor, trim: bool, *per_token: torch.Tensor | None
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]:
+    """(loss-forward columns, per-token tensors) of micro-batch `rows`; untrimmed (the whole
+    batch as it is) when there is a single micro-batch."""
+    if not trim:
+        cols = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+        return cols, per_token
+    prompt_ids, prompt_mask, completion_mask, completion_ids, *rest = trimmed_rows(
+        rows, batch.prompt_ids, batch.prompt_mask, batch.completion_mask, batch.completion_ids,
+        *per_token,
+    )  # fmt: skip
+    return (prompt_ids, prompt_mask, completion_ids, completion_mask), tuple(rest)
 
 
 def train_grpo(
@@ -382,6 +451,7 @@ def train_grpo(
     progress: bool = True,
     strict_reward_fn: RewardFn | None = None,
     resume: bool = False,
+    engine: RolloutEngine | None = None,
 ) -> list[dict[str, Any]]:
     """Run `config.steps` steps, logging to `run`; returns the metric records.
 
@@ -403,6 +473,7 @@ def train_grpo(
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     models = build_models(model, config)
+    models.engine = engine
     warmup = max(1, config.warmup_steps)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         models.optimizer, lambda s: min(1.0, (s + 1) / warmup)

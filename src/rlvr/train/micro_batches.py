@@ -1,0 +1,66 @@
+"""Split a step's rollouts into micro-batches by a padded-token budget.
+
+A forward pass over a padded batch costs rows x (longest prompt + longest completion) tokens.
+Sorting rows by length before splitting puts similar lengths together, so each micro-batch is
+trimmed to its own longest row and little padding is computed; the budget bounds activation
+memory. Gradients are accumulated across micro-batches and the loss keeps the whole step's
+divisor (see `policy_loss`'s `num_tokens` / `num_seqs`), so the update is the same as one
+pass over the whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def token_budget_micro_batches(
+    prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, max_tokens: int
+) -> list[torch.Tensor]:
+    """Row indices of each micro-batch; a micro-batch's padded size
+    `rows x (max prompt length + max completion length)` stays within `max_tokens` unless one
+    row alone exceeds it. `max_tokens <= 0`: one micro-batch of all rows, in their order."""
+    n = len(prompt_lengths)
+    if max_tokens <= 0:
+        return [torch.arange(n)]
+    order = torch.argsort(prompt_lengths + completion_lengths, descending=True, stable=True)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_completion = 0
+    for i in order.tolist():
+        p = max(widest_prompt, int(prompt_lengths[i]))
+        c = max(widest_completion, int(completion_lengths[i]))
+        if current and (len(current) + 1) * (p + c) > max_tokens:
+            batches.append(current)
+            current, p, c = [], int(prompt_lengths[i]), int(completion_lengths[i])
+        current.append(i)
+        widest_prompt, widest_completion = p, c
+    batches.append(current)
+    return [torch.tensor(b, dtype=torch.long) for b in batches]
+
+
+def trimmed_rows(
+    rows: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *per_token: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, ...]:
+    """The rows `rows` of left-padded prompt tensors and right-padded [N, T] completion tensors,
+    with the columns no selected row uses cut off. Returns (prompt_ids, prompt_mask,
+    completion_mask, *per_token); `per_token` tensors may be None, or [N] (kept whole)."""
+    p = int(prompt_mask[rows].sum(dim=1).max())
+    c = int(completion_mask[rows].sum(dim=1).max())
+    width = prompt_ids.shape[1]
+    out: list[torch.Tensor | None] = [
+        prompt_ids[rows][:, width - p :],
+        prompt_mask[rows][:, width - p :],
+        completion_mask[rows][:, :c],
+    ]
+    for t in per_token:
+        if t is None:
+            out.append(None)
+        elif t.dim() == 1:
+            out.append(t[rows])
+        else:
+            out.append(t[rows][:, :c])
+    return tuple(out)

@@ -1,0 +1,92 @@
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from rlvr.report.step_time import STEP_PARTS, format_step_time, step_time_split
+from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
+from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
+from rlvr.train.micro_batches import token_budget_micro_batches, trimmed_rows
+
+
+def test_micro_batches_respect_the_padded_token_budget_and_cover_every_row():
+    prompt = torch.tensor([4, 4, 2, 3, 4, 1])
+    completion = torch.tensor([6, 1, 9, 2, 3, 3])
+    parts = token_budget_micro_batches(prompt, completion, max_tokens=16)
+    # rows by total length: 2 (11), 0 (10), 3 (5) ... ; two rows of width >= 8 exceed 16
+    assert sorted(torch.cat(parts).tolist()) == list(range(6))
+    for rows in parts:
+        width = int(prompt[rows].max() + completion[rows].max())
+        assert len(rows) * width <= 16 or len(rows) == 1
+    assert parts[0].tolist() == [2]  # the longest row (2 + 9) first, alone
+    assert token_budget_micro_batches(prompt, completion, 0)[0].tolist() == list(range(6))
+
+
+def test_trimmed_rows_cut_padding_columns_only():
+    prompt_ids = torch.tensor([[0, 0, 5, 6], [0, 7, 8, 9]])  # left-padded
+    prompt_mask = (prompt_ids != 0).long()
+    completion_mask = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 0]])
+    per_token = torch.arange(8.0).view(2, 4)
+    p_ids, p_mask, c_mask, values, adv = trimmed_rows(
+        torch.tensor([0]),
+        prompt_ids,
+        prompt_mask,
+        completion_mask,
+        per_token,
+        torch.tensor([3.0, 4]),
+    )
+    assert p_ids.tolist() == [[5, 6]] and p_mask.tolist() == [[1, 1]]
+    assert c_mask.tolist() == [[1, 1]] and values.tolist() == [[0, 1]] and adv.tolist() == [3.0]
+
+
+def _one_step(config: GRPOConfig, seed: int = 0):
+    tokenizer = build_char_tokenizer()
+    policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), tokenizer, seed=0)
+    models = build_models(policy, config)
+    problems = train_problems(ArithmeticTaskConfig(digits=2), seed=0)
+
+    def next_rows():
+        return [{"prompt": p.prompt, "answer": p.answer} for p in itertools.islice(problems, 4)]
+
+    generator = torch.Generator().manual_seed(seed)
+    metrics, *_ = grpo_step(
+        models, tokenizer, next_rows, [_length_reward], [1.0], config, generator, 1
+    )
+    return policy, metrics
+
+
+def _length_reward(prompts, completions, **_):
+    """Rewards that differ within groups (a random model is never right on arithmetic)."""
+    return [len(c) % 3 / 2 for c in completions]
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batched_update_equals_one_pass(aggregation):
+    base = GRPOConfig(
+        prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2, aggregation=aggregation,
+        beta=0.05,
+    )  # fmt: skip
+    whole, m_whole = _one_step(base)
+    split, m_split = _one_step(dataclasses.replace(base, micro_batch_tokens=40))
+    assert m_whole["update/micro_batches"] == 1 and m_split["update/micro_batches"] > 2
+    assert m_whole["loss"] == pytest.approx(m_split["loss"], abs=1e-5)
+    assert m_whole["policy/clip_frac"] == pytest.approx(m_split["policy/clip_frac"], abs=1e-6)
+    # the accumulated gradients (kept after the step) equal one pass's; Adam's first step is
+    # sign-like, so the weights themselves would amplify float noise in near-zero entries
+    for a, b in zip(whole.parameters(), split.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_step_time_split_adds_up_and_beta_zero_skips_the_reference():
+    _, m = _one_step(GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12))
+    parts = sum(m.get(f"time/{k}_s", 0.0) for k in STEP_PARTS) + m["time/other_s"]
+    assert parts == pytest.approx(m["time/step_s"], rel=1e-6)
+    assert m["time/ref_logprobs_s"] == 0.0  # beta = 0: no reference model, no forward
+    assert m["throughput/generate_tokens_per_s"] > m["throughput/completion_tokens_per_s"]
+    _, m_ref = _one_step(GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12, beta=0.1))
+    assert m_ref["time/ref_logprobs_s"] > 0.0
+    split = step_time_split([{"step": 1, **m}, {"step": 2, **m_ref}])
+    assert split["step"] == pytest.approx((m["time/step_s"] + m_ref["time/step_s"]) / 2)
+    assert "median step" in format_step_time(split) and "generate" in format_step_time(split)
