@@ -63,13 +63,14 @@ def supervised_batch(
     and `truncated` [B] (bool: the sequence was longer than `max_length` and was cut).
 
     Labels are IGNORE_INDEX on prompt tokens and padding, so the loss covers the completion and
-    its EOS only. The prompt is tokenized without added special tokens: a chat template's text
-    already holds them (see `format_prompt`).
+    its EOS only. Prompt and completion are tokenized separately, the prompt as the sampler
+    tokenizes it (with the tokenizer's added special tokens, e.g. a BOS), so training sees the
+    token boundary that generation produces.
     """
     eos = tokenizer.eos_token_id
     sequences, labels, truncated = [], [], []
     for prompt, completion in zip(prompts, completions, strict=True):
-        p = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        p = tokenizer(prompt)["input_ids"]
         c = tokenizer(completion, add_special_tokens=False)["input_ids"] + [eos]
         seq, lab = p + c, [IGNORE_INDEX] * len(p) + c
         truncated.append(max_length is not None and len(seq) > max_length)
