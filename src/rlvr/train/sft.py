@@ -308,6 +308,8 @@ def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig
     steps = config.steps
     if steps is None:
         steps = math.ceil(config.epochs * num_examples / config.batch_size)
+    if steps < 1:
+        raise ValueError(f"rlvr sft: {steps} steps; pass --steps or --epochs of at least 1")
     lr = config.lr
     if lr is None:
         lr = 2e-4 if config.lora_rank > 0 else 2e-3 if config.model == "tiny" else 1e-5
