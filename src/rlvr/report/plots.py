@@ -88,3 +88,42 @@ def plot_reward_hacking(strict_run: str | Path, weak_run: str | Path, path: str 
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def plot_pipeline(
+    report: list[dict[str, Any]], measures: list[str], path: str | Path, title: str = ""
+) -> Path:
+    """One bar panel per measure (accuracy, readability, length, ...) across a pipeline's
+    stages, in stage order; stages without a model (sampling) are left blank."""
+    stages = [r for r in report if any(m in r for m in measures)]
+    families = sorted({m.split("@")[0] for m in measures}, key=_family_order)
+    fig, axes = plt.subplots(1, len(families), figsize=(3.6 * len(families), 3.8), dpi=120)
+    axes = [axes] if len(families) == 1 else list(axes)
+    labels = [f"{r['stage']}\n{r['seconds']:.0f} s" for r in stages]
+    colors = ("#0f766e", "#d97706", "#6366f1")
+    for ax, family in zip(axes, families):
+        variants = [m for m in measures if m.split("@")[0] == family]
+        width = 0.8 / len(variants)
+        for j, measure in enumerate(variants):
+            xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(stages))]
+            ax.bar(xs, [r.get(measure, 0.0) for r in stages], width, color=colors[j % 3],
+                   label=measure.replace("@", " /"))  # fmt: skip
+        ax.set_xticks(range(len(stages)), labels, rotation=35, ha="right", fontsize=7)
+        ax.set_title(family, fontsize=10)
+        if family != "length":
+            ax.set_ylim(0, 1.02)
+        ax.grid(axis="y", alpha=0.3)
+        if len(variants) > 1:
+            ax.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _family_order(family: str) -> int:
+    order = ("accuracy", "readability", "thinks", "length")
+    return order.index(family) if family in order else len(order)

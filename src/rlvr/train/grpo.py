@@ -134,6 +134,9 @@ class GRPOConfig:
     """Completions written to samples.jsonl per step."""
     generation_threads: int = 1
     """CPU threads while sampling: small-batch decoding is faster on one thread."""
+    max_seconds: float = 0.0
+    """Stop (and checkpoint) after the first step that ends past this many seconds of training
+    (0: no limit); for equal-compute comparisons."""
     micro_batch_tokens: int = 0
     """Split the update into micro-batches of at most this many padded tokens (rows sorted by
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
@@ -534,9 +537,10 @@ def train_grpo(
                 )
             if "update/skipped" not in metrics and "update/nonfinite" not in metrics:
                 schedule.step()
+            out_of_time = 0 < config.max_seconds <= time.perf_counter() - start
             record = _record_step(
                 step, metrics, batch, rows, rewards, models, config, evaluate, strict_reward_fn,
-                start,
+                start, final=out_of_time,
             )  # fmt: skip
             if "eval/greedy_acc" in record:
                 last_eval = record
@@ -548,8 +552,11 @@ def train_grpo(
                 s_per_step=f"{metrics['time/step_s']:.2f}",
             )
             every = config.checkpoint_every
-            if step == config.steps or (every > 0 and step % every == 0) or stop.requested:
+            last = step == config.steps or out_of_time
+            if last or (every > 0 and step % every == 0) or stop.requested:
                 checkpoint(step)
+            if out_of_time:
+                break
             if stop.requested:
                 tqdm.write(
                     f"[rlvr] stopped by signal after step {step}; checkpoint written. Resume "
@@ -571,6 +578,7 @@ def _record_step(
     evaluate: Evaluator,
     strict_reward_fn: RewardFn | None,
     start: float,
+    final: bool = False,
 ) -> dict[str, Any]:
     """The metrics line of one step: the step's own, the monitor's and the evaluation's."""
     model = models.policy
@@ -588,7 +596,7 @@ def _record_step(
                     "completions: the reward is being gamed (see docs/metrics.md, monitor/)",
                     file=sys.stderr,
                 )
-    if is_eval_step(step, config.eval_every, config.steps):
+    if final or is_eval_step(step, config.eval_every, config.steps):
         record.update({f"eval/{k}": v for k, v in evaluate(model).items()})
     record["time/elapsed_s"] = time.perf_counter() - start
     return record

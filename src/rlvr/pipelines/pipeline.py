@@ -1,0 +1,209 @@
+"""Pipelines: a short list of stages in a YAML file, run in order, each in its own directory.
+
+    name: r1
+    task: {digits: 3, mix_prob: 0.5}     # the reasoning task (rlvr.tasks.reasoning)
+    eval_modes: [default]                # thinking modes each stage's model is evaluated in
+    stages:
+      - {name: base, kind: base, steps: 800}
+      - {name: cold-start, kind: sft, data: [readable:200], steps: 150}
+      - {name: reasoning-rl, kind: grpo, steps: 60, consistency_weight: 0.5}
+
+Built-in pipelines (`r1-zero`, `r1`, `distill`, `qwen3`) live next to this file in
+`builtin/`. A finished stage leaves `stage.json` in its directory (its settings, outputs,
+evaluation and wall time); running the pipeline again skips every finished stage whose settings
+are unchanged, and re-runs the first changed stage and everything after it. The report
+(`report.md`, `report.json`, `report.png`) has, per stage, held-out accuracy, readability,
+mean completion length and wall time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlvr.models.tiny import TinyModelConfig
+from rlvr.pipelines import stages
+from rlvr.tasks import reasoning
+from rlvr.train.overrides import config_from_dict
+
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+TOP_LEVEL_KEYS = ("name", "description", "task", "tiny", "seed", "eval_modes", "stages")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    kind: str
+    settings: Any  # the kind's dataclass (stages.STAGE_KINDS)
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    name: str
+    description: str
+    task: reasoning.ReasoningTaskConfig
+    tiny: TinyModelConfig
+    seed: int
+    eval_modes: tuple[str, ...]
+    stages: tuple[Stage, ...]
+
+
+def builtin_pipelines() -> list[str]:
+    return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
+
+
+def load_pipeline(name_or_path: str) -> Pipeline:
+    """A built-in pipeline by name, or a YAML file; every key is checked before anything runs."""
+    path = Path(name_or_path)
+    if not path.suffix and (BUILTIN_DIR / f"{name_or_path}.yaml").exists():
+        path = BUILTIN_DIR / f"{name_or_path}.yaml"
+    if not path.exists():
+        raise FileNotFoundError(
+            f"no pipeline {name_or_path!r}: use one of {builtin_pipelines()} or a YAML file"
+        )
+    data = yaml.safe_load(path.read_text()) or {}
+    return parse_pipeline(data, default_name=path.stem, source=str(path))
+
+
+def parse_pipeline(data: dict[str, Any], default_name: str, source: str) -> Pipeline:
+    unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; valid: {list(TOP_LEVEL_KEYS)}")
+    if not data.get("stages"):
+        raise ValueError(f"{source}: a pipeline needs a non-empty `stages` list")
+    parsed, names = [], set()
+    for i, entry in enumerate(data["stages"]):
+        entry = dict(entry)
+        name, kind = entry.pop("name", None), entry.pop("kind", None)
+        if not name or not kind:
+            raise ValueError(f"{source}: stage {i + 1} needs a `name` and a `kind`")
+        if name in names:
+            raise ValueError(f"{source}: two stages are named {name!r}")
+        names.add(name)
+        try:
+            settings = stages.stage_settings(kind, entry)
+        except ValueError as exc:
+            raise ValueError(f"{source}: stage {name!r}: {exc}") from None
+        parsed.append(Stage(name, kind, settings))
+    modes = tuple(data.get("eval_modes", ("default",)))
+    bad = [m for m in modes if m not in reasoning.MODES]
+    if bad:
+        raise ValueError(f"{source}: eval_modes {bad} not in {list(reasoning.MODES)}")
+    return Pipeline(
+        name=data.get("name", default_name),
+        description=data.get("description", ""),
+        task=config_from_dict(reasoning.ReasoningTaskConfig, data.get("task", {})),
+        tiny=config_from_dict(TinyModelConfig, data.get("tiny", {})),
+        seed=int(data.get("seed", 0)),
+        eval_modes=modes,
+        stages=tuple(parsed),
+    )
+
+
+def stage_key(pipeline: Pipeline, index: int) -> dict[str, Any]:
+    """What determines a stage's result: the shared settings and every stage up to it."""
+    return {
+        "task": dataclasses.asdict(pipeline.task),
+        "tiny": dataclasses.asdict(pipeline.tiny),
+        "seed": pipeline.seed,
+        "stages": [
+            {"name": s.name, "kind": s.kind, **stages.settings_dict(s.settings)}
+            for s in pipeline.stages[: index + 1]
+        ],
+    }
+
+
+def run_pipeline(
+    pipeline: Pipeline, out_dir: str | Path, progress: bool = True
+) -> list[dict[str, Any]]:
+    """Run (or resume) `pipeline` under `out_dir`; returns the report rows."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    task = reasoning.task_spec(pipeline.task)
+    ctx = stages.PipelineContext(pipeline.task, task, pipeline.tiny, pipeline.seed, progress)
+    report: list[dict[str, Any]] = []
+    for index, stage in enumerate(pipeline.stages):
+        stage_dir = out / f"{index + 1:02d}-{stage.name}"
+        record_path = stage_dir / "stage.json"
+        key = stage_key(pipeline, index)
+        record = json.loads(record_path.read_text()) if record_path.exists() else None
+        if record is not None and record["key"] == key:
+            _say(progress, f"stage {stage.name}: finished earlier, skipped")
+        else:
+            shutil.rmtree(stage_dir, ignore_errors=True)  # a changed or half-done stage
+            stage_dir.mkdir(parents=True)
+            _say(progress, f"stage {index + 1}/{len(pipeline.stages)}: {stage.name} ({stage.kind})")
+            start = time.perf_counter()
+            run_stage = stages.STAGE_KINDS[stage.kind][1]
+            outputs = run_stage(stage.settings, ctx, stage_dir)
+            seconds = time.perf_counter() - start
+            evaluation = (
+                stages.evaluate_stage_model(outputs["model"], ctx, pipeline.eval_modes)
+                if "model" in outputs
+                else {}
+            )
+            record = {"key": key, "name": stage.name, "kind": stage.kind, "outputs": outputs,
+                      "seconds": seconds, "eval": evaluation}  # fmt: skip
+            record_path.write_text(json.dumps(record, indent=2))
+        ctx.outputs[stage.name] = record["outputs"]
+        ctx.seconds[stage.name] = record["seconds"]
+        if "model" in record["outputs"]:
+            ctx.last_model = record["outputs"]["model"]
+        report.append({"stage": stage.name, "kind": stage.kind, "seconds": record["seconds"],
+                       **record["eval"]})  # fmt: skip
+        if record["eval"]:
+            _say(progress, f"  {stage.name}: " + _one_line(record["eval"]))
+    write_report(pipeline, report, out)
+    return report
+
+
+def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) -> None:
+    """report.json, report.md (one table) and report.png (a panel per measure)."""
+    from rlvr.report.plots import plot_pipeline
+
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    measures = [k for k in report_columns(report) if k not in ("stage", "kind", "seconds")]
+    lines = [
+        f"# {pipeline.name}",
+        "",
+        pipeline.description.strip(),
+        "",
+        "| stage | kind | " + " | ".join(measures) + " | wall s |",
+        "| --- | --- | " + " | ".join("---" for _ in measures) + " | --- |",
+    ]
+    for row in report:
+        cells = [_cell(row.get(m)) for m in measures]
+        lines.append(f"| {row['stage']} | {row['kind']} | " + " | ".join(cells)
+                     + f" | {row['seconds']:.0f} |")  # fmt: skip
+    (out / "report.md").write_text("\n".join(lines) + "\n")
+    plot_pipeline(report, measures, out / "report.png", title=f"rlvr pipeline {pipeline.name}")
+
+
+def report_columns(report: list[dict[str, Any]]) -> list[str]:
+    columns: list[str] = []
+    for row in report:
+        columns += [k for k in row if k not in columns]
+    return columns
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3f}" if isinstance(value, float) and value <= 1 else f"{value:.1f}"
+
+
+def _one_line(evaluation: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in evaluation.items())
+
+
+def _say(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[rlvr] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,383 @@
+"""The stages a pipeline is made of: each reads models/data of earlier stages, writes its own.
+
+A stage is a kind plus its settings (one frozen dataclass per kind, filled from the pipeline
+file; unknown keys are refused, naming the valid ones):
+
+- `base`     "pretrain" a fresh tiny model on the task's flawed corpus (carry slips, mixed
+             notation): the stand-in for a pretrained checkpoint;
+- `sft`      supervised fine-tuning (`rlvr sft`'s trainer) on a mix of data sources: the task's
+             readable solutions, no-think examples, or an earlier `sample` stage's output;
+- `grpo`     GRPO on the task's strict verifier, optionally plus the format/consistency reward,
+             on prompts in one or more thinking modes;
+- `sample`   rejection sampling (`rlvr sample`): verified completions, optionally only readable
+             ones, written as SFT data;
+- `thinking_budget`  accuracy and tokens against a thinking budget, with its figure.
+
+Every stage function has the signature `(settings, ctx, stage_dir) -> outputs`, where outputs
+name the files it wrote (`model`, `data`, `figure`). `ctx` is the pipeline's shared state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.models.tiny import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_model,
+    save_model,
+)
+from rlvr.pipelines.lab import cache_root
+from rlvr.report.run_dir import RunDirectory
+from rlvr.rollout.sampler import sample_completions
+from rlvr.tasks import reasoning
+from rlvr.tasks.spec import TaskSpec
+from rlvr.train.grpo import GRPOConfig, train_grpo
+from rlvr.train.overrides import apply_overrides
+from rlvr.train.sft import train_next_token
+
+BASE_FORMAT = 1  # bump when base training changes, so cached bases are rebuilt
+
+
+@dataclass
+class PipelineContext:
+    """What every stage of one pipeline shares."""
+
+    task_config: reasoning.ReasoningTaskConfig
+    task: TaskSpec
+    tiny: TinyModelConfig
+    seed: int
+    progress: bool
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
+    last_model: str | None = None  # the most recent stage's model directory
+
+    def model_of(self, stage: str | None) -> str:
+        """The model directory of `stage` (None: the latest model-producing stage)."""
+        if stage is None:
+            if self.last_model is None:
+                raise ValueError("no earlier stage produced a model: start with a `base` stage")
+            return self.last_model
+        if "model" not in self.outputs.get(stage, {}):
+            raise ValueError(f"stage {stage!r} did not run earlier or produced no model")
+        return self.outputs[stage]["model"]
+
+
+# --- base --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaseStage:
+    """A fresh tiny model trained by next-token prediction on the task's flawed corpus."""
+
+    steps: int = 800
+    batch_size: int = 16
+    lr: float = 2e-3
+    flaw_prob: float = 0.65
+    """Share of carries the corpus drops (the base solves some problems, not others)."""
+    tiny: dict[str, int] = field(default_factory=dict)
+    """Model-shape overrides of the pipeline's `tiny` (e.g. a smaller student)."""
+    seed: int = 0
+
+
+def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
+    """Train the base, or take it from the cache (`$RLVR_CACHE`, keyed by everything that
+    determines its weights), so pipelines that start from the same base train it once."""
+    shape = apply_overrides(ctx.tiny, s.tiny)
+    payload = [BASE_FORMAT, dataclasses.asdict(ctx.task_config), dataclasses.asdict(shape),
+               settings_dict(s)]  # fmt: skip
+    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+    cached = cache_root(None) / f"reasoning-base-{digest}"
+    if (cached / "config.json").exists():
+        return {"model": str(cached)}
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(shape, tokenizer, seed=s.seed)
+    train_next_token(
+        model, tokenizer, ctx.task.corpus(s.seed, s.flaw_prob), steps=s.steps,
+        batch_size=s.batch_size, lr=s.lr, progress=ctx.progress,
+    )  # fmt: skip
+    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")  # renamed when complete
+    save_model(model, tokenizer, tmp)
+    if cached.exists():
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(cached)
+    return {"model": str(cached)}
+
+
+# --- sft ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SFTStage:
+    """Supervised fine-tuning on `data`: a list of sources, each `readable:N` (clean long
+    chain of thought), `think:N` (the same, prompts tagged /think), `no_think:N` (empty
+    think block), or the name of an earlier `sample` stage (all its verified rows)."""
+
+    data: tuple[str, ...] = ("readable:200",)
+    model: str | None = None
+    """Stage whose model is fine-tuned (default: the previous model-producing stage)."""
+    steps: int = 150
+    batch_size: int = 16
+    lr: float = 1e-3
+    warmup_steps: int = 10
+    seed: int = 0
+
+
+def sft_pairs(sources: tuple[str, ...], ctx: PipelineContext, seed: int) -> list[dict[str, str]]:
+    """The (prompt, completion) rows of `sources` (see `SFTStage.data`)."""
+    rows: list[dict[str, str]] = []
+    makers: dict[str, Callable[[int], list[tuple[str, str]]]] = {
+        "readable": lambda n: reasoning.readable_solutions(ctx.task_config, n, seed),
+        "think": lambda n: reasoning.readable_solutions(ctx.task_config, n, seed, mode="think"),
+        "no_think": lambda n: reasoning.no_think_examples(ctx.task_config, n, seed + 1),
+    }
+    for source in sources:
+        kind, _, count = source.partition(":")
+        if kind in makers and count.isdigit():
+            rows += [{"prompt": p, "completion": c} for p, c in makers[kind](int(count))]
+        elif "data" in ctx.outputs.get(source, {}):
+            with open(ctx.outputs[source]["data"]) as f:
+                rows += [json.loads(line) for line in f]
+        else:
+            raise ValueError(
+                f"unknown SFT data source {source!r}: use readable:N, think:N, no_think:N or "
+                "the name of an earlier sample stage"
+            )
+    return rows
+
+
+def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
+    from rlvr.train.sft import SFTConfig, run_sft
+
+    rows = sft_pairs(s.data, ctx, s.seed + ctx.seed)
+    if not rows:
+        raise ValueError(f"{stage_dir.name}: the SFT data sources {list(s.data)} are empty")
+    data = stage_dir / "sft_data.jsonl"
+    with open(data, "w") as f:
+        for row in rows:
+            f.write(json.dumps({"prompt": row["prompt"], "completion": row["completion"]}) + "\n")
+    config = SFTConfig(
+        data=str(data), model=ctx.model_of(s.model), steps=s.steps, batch_size=s.batch_size,
+        lr=s.lr, warmup_steps=s.warmup_steps, seed=s.seed, chat_template=False,
+        progress=ctx.progress, overwrite=True,
+    )  # fmt: skip
+    model_dir = run_sft(config, run_dir=stage_dir / "sft")
+    return {"model": str(model_dir), "data": str(data)}
+
+
+# --- grpo --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GRPOStage:
+    """GRPO from `model` on the strict verifier (+ `consistency_weight` x readability)."""
+
+    model: str | None = None
+    steps: int = 60
+    lr: float = 1e-4
+    prompts_per_step: int = 16
+    group_size: int = 8
+    consistency_weight: float = 0.0
+    """Weight of R1's language-consistency reward (the readability score of each completion)."""
+    modes: tuple[str, ...] = ("default",)
+    """Thinking modes of the training prompts, cycled (e.g. [think, no_think])."""
+    same_time_as: str | None = None
+    """Stop after as many wall seconds as this earlier stage took (equal-compute comparison)."""
+    seed: int = 0
+    grpo: dict[str, Any] = field(default_factory=dict)
+    """Any other GRPOConfig switches, e.g. {beta: 0.01}."""
+
+
+def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
+    model, tokenizer = load_model(ctx.model_of(s.model))
+    max_seconds = 0.0
+    if s.same_time_as is not None:
+        if s.same_time_as not in ctx.seconds:
+            raise ValueError(f"same_time_as: stage {s.same_time_as!r} has not run")
+        max_seconds = ctx.seconds[s.same_time_as]
+    steps = s.steps if not max_seconds else 10_000  # the time limit ends it
+    config = apply_overrides(
+        GRPOConfig(
+            steps=steps, lr=s.lr, prompts_per_step=s.prompts_per_step, group_size=s.group_size,
+            max_new_tokens=ctx.task.max_new_tokens, eval_every=max(20, s.steps // 3),
+            checkpoint_every=0, max_seconds=max_seconds,
+        ),
+        s.grpo,
+    )  # fmt: skip
+    reward_fns, weights = [ctx.task.reward_fn], [1.0]
+    if s.consistency_weight:
+        reward_fns.append(reasoning.format_consistency_reward)
+        weights.append(s.consistency_weight)
+    held_out = ctx.task.held_out_rows()
+
+    def evaluate(m: torch.nn.Module) -> dict[str, float]:
+        completions = greedy_completions(m, tokenizer, held_out, ctx.task.max_new_tokens)
+        return {"greedy_acc": _mean(ctx.task.score(c, r) for c, r in zip(completions, held_out))}
+
+    run = RunDirectory(stage_dir, "grpo", overwrite=True)
+    train_grpo(
+        model, tokenizer, rows_in_modes(ctx.task.train_rows(ctx.seed + s.seed + 10_000), s.modes),
+        reward_fns, config, run, evaluate, seed=ctx.seed + s.seed, reward_weights=weights,
+        progress=ctx.progress, strict_reward_fn=ctx.task.reward_fn,
+    )  # fmt: skip
+    return {"model": str(save_model(model, tokenizer, stage_dir / "model"))}
+
+
+def rows_in_modes(rows: Iterator[dict[str, Any]], modes: tuple[str, ...]) -> Iterator[dict]:
+    """`rows` with their prompts tagged by `modes` in turn."""
+    for i, row in enumerate(rows):
+        yield {**row, "prompt": reasoning.set_mode(row["prompt"], modes[i % len(modes)])}
+
+
+# --- sample ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleStage:
+    """Rejection sampling from `model`: verified completions as SFT data."""
+
+    model: str | None = None
+    prompts: int = 512
+    num_samples: int = 4
+    temperature: float = 1.0
+    max_per_prompt: int = 1
+    readable_only: bool = True
+    """Keep only completions whose think block is entirely in digit notation (R1 filters out
+    mixed-language chains of thought)."""
+    modes: tuple[str, ...] = ("default",)
+    seed: int = 0
+
+
+def run_sample_stage(s: SampleStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
+    from rlvr.rollout.rejection import RejectionConfig, rejection_sample
+
+    model, tokenizer = load_model(ctx.model_of(s.model))
+    stream = rows_in_modes(ctx.task.train_rows(ctx.seed + s.seed + 20_000), s.modes)
+    rows = [next(stream) for _ in range(s.prompts)]
+    config = RejectionConfig(
+        num_samples=s.num_samples, temperature=s.temperature,
+        max_new_tokens=ctx.task.max_new_tokens, max_per_prompt=s.max_per_prompt,
+        seed=ctx.seed + s.seed, chat_template=False, progress=ctx.progress,
+    )  # fmt: skip
+
+    def readable(row: dict, completion: str) -> bool:
+        return reasoning.readability(completion) == 1.0
+
+    kept, summary = rejection_sample(
+        model, tokenizer, rows, ctx.task.reward_fn, config, readable if s.readable_only else None
+    )
+    data = stage_dir / "samples.jsonl"
+    with open(data, "w") as f:
+        for row in kept:
+            f.write(json.dumps(row) + "\n")
+    (stage_dir / "sample_summary.json").write_text(json.dumps(summary, indent=2))
+    return {"data": str(data)}
+
+
+# --- thinking budget ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThinkingBudgetStage:
+    """Held-out accuracy and tokens against a thinking budget, with its figure."""
+
+    model: str | None = None
+    budgets: tuple[int, ...] = (0, 4, 8, 12, 16, 20, 24, 28, 32)
+
+
+def run_thinking_budget_stage(
+    s: ThinkingBudgetStage, ctx: PipelineContext, stage_dir: Path
+) -> dict[str, str]:
+    from rlvr.pipelines.thinking_budget import format_table, plot_thinking_budget
+    from rlvr.pipelines.thinking_budget import thinking_budget_curve as curve_of
+
+    model, tokenizer = load_model(ctx.model_of(s.model))
+    rows = ctx.task.held_out_rows()
+    curve = curve_of(
+        model, tokenizer, rows, ctx.task.score, budgets=[*s.budgets, None], seed=ctx.seed
+    )
+    (stage_dir / "thinking_budget.json").write_text(json.dumps(curve, indent=2))
+    (stage_dir / "thinking_budget.md").write_text(format_table(curve) + "\n")
+    figure = plot_thinking_budget(curve, stage_dir / "thinking_budget.png")
+    return {"figure": str(figure)}
+
+
+# --- evaluation of a stage's model ------------------------------------------------------
+
+
+@torch.no_grad()
+def greedy_completions(
+    model: torch.nn.Module, tokenizer, rows: list[dict], max_new_tokens: int, batch: int = 256
+) -> list[str]:
+    """Greedy completions of `rows`' prompts."""
+    out: list[str] = []
+    for start in range(0, len(rows), batch):
+        prompts = [r["prompt"] for r in rows[start : start + batch]]
+        out += sample_completions(model, tokenizer, prompts, 1, max_new_tokens, 0.0).completions
+    return out
+
+
+def evaluate_stage_model(
+    model_dir: str, ctx: PipelineContext, modes: tuple[str, ...]
+) -> dict[str, float]:
+    """Greedy held-out accuracy, readability (share of digit-notation steps in the think
+    block, mean over completions) and mean completion length in tokens (EOS excluded), per
+    thinking mode; `default` carries no suffix, other modes `@mode` (e.g. accuracy@no_think),
+    plus the share of non-empty think blocks."""
+    model, tokenizer = load_model(model_dir)
+    result: dict[str, float] = {}
+    for mode in modes:
+        rows = [
+            {**r, "prompt": reasoning.set_mode(r["prompt"], mode)} for r in ctx.task.held_out_rows()
+        ]
+        completions = greedy_completions(model, tokenizer, rows, ctx.task.max_new_tokens)
+        suffix = "" if mode == "default" else f"@{mode}"
+        result[f"accuracy{suffix}"] = _mean(ctx.task.score(c, r) for c, r in zip(completions, rows))
+        result[f"readability{suffix}"] = _mean(reasoning.readability(c) for c in completions)
+        result[f"length{suffix}"] = _mean(
+            len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions
+        )
+        result[f"thinks{suffix}"] = _mean(
+            bool(reasoning.split_think(c)[1].strip()) for c in completions
+        )
+    return result
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+STAGE_KINDS: dict[str, tuple[type, Callable[..., dict[str, str]]]] = {
+    "base": (BaseStage, run_base),
+    "sft": (SFTStage, run_sft_stage),
+    "grpo": (GRPOStage, run_grpo_stage),
+    "sample": (SampleStage, run_sample_stage),
+    "thinking_budget": (ThinkingBudgetStage, run_thinking_budget_stage),
+}
+
+
+def stage_settings(kind: str, params: dict[str, Any]) -> Any:
+    """The settings dataclass of a stage of `kind`; unknown kinds and keys name the valid
+    ones."""
+    from rlvr.train.overrides import config_from_dict
+
+    if kind not in STAGE_KINDS:
+        raise ValueError(f"unknown stage kind {kind!r}; valid kinds: {sorted(STAGE_KINDS)}")
+    return config_from_dict(STAGE_KINDS[kind][0], params)
+
+
+def settings_dict(settings: Any) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(settings)))

@@ -1,0 +1,109 @@
+import json
+
+import pytest
+import yaml
+
+from rlvr.pipelines import pipeline as pipeline_module
+from rlvr.pipelines import stages
+from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
+
+TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
+SPEC = {
+    "name": "mini",
+    "task": {"digits": 2, "held_out_size": 16},
+    "tiny": TINY,
+    "eval_modes": ["default", "no_think"],
+    "stages": [
+        {"name": "base", "kind": "base", "steps": 3, "batch_size": 4},
+        {"name": "cold", "kind": "sft", "data": ["readable:8", "no_think:4"], "steps": 2,
+         "batch_size": 4},
+        {"name": "rl", "kind": "grpo", "steps": 1, "prompts_per_step": 2, "group_size": 2,
+         "consistency_weight": 0.5, "modes": ["think", "no_think"]},
+        {"name": "samples", "kind": "sample", "prompts": 4, "num_samples": 2,
+         "readable_only": False},
+        {"name": "budget", "kind": "thinking_budget", "budgets": [0, 4]},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+
+
+def write(tmp_path, spec) -> str:
+    path = tmp_path / "mini.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_builtin_pipelines_parse():
+    assert set(builtin_pipelines()) >= {"r1-zero", "r1", "distill", "qwen3"}
+    for name in builtin_pipelines():
+        assert load_pipeline(name).stages
+
+
+def test_bad_pipelines_are_refused_naming_the_valid_keys(tmp_path):
+    bad_key = {**SPEC, "stages": [{"name": "base", "kind": "base", "stepz": 3}]}
+    with pytest.raises(ValueError, match="stage 'base'.*stepz.*valid keys"):
+        load_pipeline(write(tmp_path, bad_key))
+    bad_kind = {**SPEC, "stages": [{"name": "x", "kind": "dpo"}]}
+    with pytest.raises(ValueError, match="unknown stage kind 'dpo'"):
+        load_pipeline(write(tmp_path, bad_kind))
+    with pytest.raises(FileNotFoundError, match="r1-zero"):
+        load_pipeline("no-such-pipeline")
+
+
+def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    report = run_pipeline(load_pipeline(write(tmp_path, SPEC)), out, progress=False)
+    assert [r["stage"] for r in report] == ["base", "cold", "rl", "samples", "budget"]
+    for row in report:
+        if row["kind"] in ("base", "sft", "grpo"):
+            assert 0 <= row["accuracy"] <= 1 and 0 <= row["readability@no_think"] <= 1
+            assert row["length"] > 0
+    assert (out / "report.png").exists() and "| cold | sft |" in (out / "report.md").read_text()
+    assert (out / "05-budget" / "thinking_budget.png").exists()
+    sft_rows = [json.loads(x) for x in open(out / "02-cold" / "sft_data.jsonl")]
+    assert len(sft_rows) == 12 and sum("/no_think" in r["prompt"] for r in sft_rows) == 4
+
+    # resume: nothing re-runs; a changed stage re-runs with everything after it
+    calls = []
+    for kind, (cls, fn) in list(stages.STAGE_KINDS.items()):
+
+        def counting(s, ctx, d, fn=fn, kind=kind):
+            calls.append(kind)
+            return fn(s, ctx, d)
+
+        monkeypatch.setitem(stages.STAGE_KINDS, kind, (cls, counting))
+    run_pipeline(load_pipeline(write(tmp_path, SPEC)), out, progress=False)
+    assert calls == []
+    changed = json.loads(json.dumps(SPEC))
+    changed["stages"][3]["num_samples"] = 3
+    run_pipeline(load_pipeline(write(tmp_path, changed)), out, progress=False)
+    assert calls == ["sample", "thinking_budget"]
+
+
+def test_sample_stage_keeps_only_verified_readable_rows(tmp_path):
+    spec = json.loads(json.dumps(SPEC))
+    spec["stages"] = spec["stages"][:1] + [
+        {"name": "samples", "kind": "sample", "prompts": 8, "num_samples": 4}
+    ]
+    run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
+    from rlvr.tasks import reasoning
+
+    for line in open(tmp_path / "run" / "02-samples" / "samples.jsonl"):
+        row = json.loads(line)
+        assert reasoning.score(row["completion"], row["answer"]) == 1.0
+        assert reasoning.readability(row["completion"]) == 1.0
+
+
+def test_stage_context_names_missing_models():
+    ctx = stages.PipelineContext(None, None, None, 0, False)
+    with pytest.raises(ValueError, match="start with a `base` stage"):
+        ctx.model_of(None)
+    with pytest.raises(ValueError, match="'teacher'"):
+        ctx.model_of("teacher")
+
+
+del pipeline_module
