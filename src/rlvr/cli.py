@@ -19,6 +19,7 @@ import tyro  # noqa: E402
 from rlvr.pipelines.lab import LabConfig  # noqa: E402
 from rlvr.rollout.rejection import RejectionConfig  # noqa: E402
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
+from rlvr.tasks.reasoning import ReasoningTaskConfig  # noqa: E402
 from rlvr.train.sft import SFTConfig  # noqa: E402
 
 
@@ -39,6 +40,29 @@ class EvalConfig:
     seed: int = 0
     """Sampling seed."""
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
+    mode: str = "default"
+    """reasoning task: the thinking mode of the prompts (default, think or no_think)."""
+    thinking_budget: str | None = None
+    """reasoning task: comma-separated budgets in thinking tokens, e.g. 0,8,16,32,none; prints
+    accuracy and tokens per budget and writes the curve's figure to --out."""
+    out: str = "thinking_budget.png"
+    """Where --thinking-budget writes its figure (a .json of the curve goes beside it)."""
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """`rlvr pipeline NAME|FILE.yaml`: run (or resume) a multi-stage pipeline."""
+
+    pipeline: tyro.conf.Positional[str] = "r1"
+    """A built-in pipeline (r1-zero, r1, distill, qwen3) or a YAML file of stages."""
+    out_dir: str | None = None
+    """Where stage directories and the report go (default: runs/pipeline-NAME). Running again
+    skips finished stages."""
+    list: bool = False
+    """List the built-in pipelines and their stages, then exit."""
+    progress: bool = True
+    """Show progress bars."""
 
 
 @dataclass(frozen=True)
@@ -199,9 +223,18 @@ def evaluate(config: EvalConfig) -> None:
     from rlvr.pipelines.lab import build_task
     from rlvr.train.evaluate import held_out_accuracy
 
-    task = build_task(LabConfig(task=config.task, arithmetic=config.arithmetic))
+    task = build_task(
+        LabConfig(task=config.task, arithmetic=config.arithmetic, reasoning=config.reasoning)
+    )
     model, tokenizer = load_model(config.model)
     rows = task.held_out_rows()
+    if config.task == "reasoning":
+        from rlvr.tasks.reasoning import set_mode
+
+        rows = [{**r, "prompt": set_mode(r["prompt"], config.mode)} for r in rows]
+    if config.thinking_budget is not None:
+        _thinking_budget(config, model, tokenizer, rows, task)
+        return
     accuracy = held_out_accuracy(
         model, tokenizer, rows, task.score, config.max_new_tokens or task.max_new_tokens,
         temperature=config.temperature, num_samples=config.num_samples, seed=config.seed,
@@ -209,6 +242,49 @@ def evaluate(config: EvalConfig) -> None:
     mode = "greedy" if config.temperature == 0 else f"sampled at T={config.temperature}"
     print(json.dumps({"model": config.model, "task": config.task, "mode": mode,
                       "problems": len(rows), "accuracy": accuracy}))  # fmt: skip
+
+
+def _thinking_budget(config: EvalConfig, model, tokenizer, rows, task) -> None:
+    from pathlib import Path
+
+    from rlvr.pipelines.thinking_budget import (
+        format_table,
+        plot_thinking_budget,
+        thinking_budget_curve,
+    )
+
+    if config.task != "reasoning":
+        raise SystemExit("rlvr eval: --thinking-budget needs --task reasoning (a <think> task)")
+    try:
+        budgets = [None if b.strip().lower() == "none" else int(b) for b in
+                   config.thinking_budget.split(",")]  # fmt: skip
+    except ValueError:
+        raise SystemExit(
+            f"rlvr eval: --thinking-budget expects numbers and 'none' separated by commas, got "
+            f"{config.thinking_budget!r}"
+        ) from None
+    curve = thinking_budget_curve(
+        model, tokenizer, rows, task.score, budgets=budgets, temperature=config.temperature,
+        num_samples=config.num_samples, seed=config.seed,
+    )  # fmt: skip
+    print(format_table(curve))
+    figure = plot_thinking_budget(curve, config.out, title=f"thinking budget: {config.model}")
+    Path(figure).with_suffix(".json").write_text(json.dumps(curve, indent=2))
+    print(f"[rlvr] figure: {figure}")
+
+
+def pipeline(config: PipelineConfig) -> None:
+    from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
+
+    if config.list:
+        for name in builtin_pipelines():
+            p = load_pipeline(name)
+            print(f"{name:8s} " + " -> ".join(s.name for s in p.stages))
+        return
+    spec = load_pipeline(config.pipeline)
+    out = config.out_dir or f"runs/pipeline-{spec.name}"
+    run_pipeline(spec, out, progress=config.progress)
+    print(f"[rlvr] report: {out}/report.md, figure: {out}/report.png")
 
 
 def verify(config: VerifyConfig) -> None:
@@ -234,6 +310,11 @@ COMMANDS = {
     "verify": (verify, VerifyConfig, "Grade one completion with the strict math verifier."),
     "sft": (sft, SFTConfig, "Fine-tune on prompt/completion pairs (loss on completion tokens)."),
     "sample": (sample, SampleConfig, "Rejection sampling: keep verified completions as SFT data."),
+    "pipeline": (
+        pipeline,
+        PipelineConfig,
+        "Run a multi-stage pipeline: r1-zero, r1, distill, qwen3.",
+    ),
 }
 
 

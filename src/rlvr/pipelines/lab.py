@@ -35,8 +35,9 @@ from rlvr.models.tiny import (
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.step_time import format_step_time, step_time_split
-from rlvr.tasks import arithmetic
+from rlvr.tasks import arithmetic, reasoning
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import GRPOConfig, check_grpo_config, train_grpo
@@ -100,9 +101,11 @@ class LabConfig:
     set: tuple[str, ...] = ()
     """Overrides of GRPO switches as key=value (e.g. --set epsilon_high=0.28 beta=0.01)."""
     task: str = "arithmetic"
-    """The task: arithmetic (math verifier), code (sandboxed asserts), tool (tool calls), or a
+    """The task: arithmetic (math verifier), reasoning (addition with a <think> block and
+    mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls), or a
     FILE.jsonl of your own rows (prompt, answer[, solution]), graded by the math verifier."""
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -118,6 +121,8 @@ def build_task(config: LabConfig) -> TaskSpec:
     """The TaskSpec of `config.task`."""
     if config.task == "arithmetic":
         return arithmetic.task_spec(config.arithmetic, hedge_prob=effective_hedge_prob(config))
+    if config.task == "reasoning":
+        return reasoning.task_spec(config.reasoning)
     if config.task == "code":
         from rlvr.tasks import code_task
 
@@ -130,7 +135,9 @@ def build_task(config: LabConfig) -> TaskSpec:
         from rlvr.tasks import jsonl
 
         return jsonl.task_spec(config.task, seed=config.seed)
-    raise ValueError(f"unknown task {config.task!r}; choose arithmetic, code, tool or a FILE.jsonl")
+    raise ValueError(
+        f"unknown task {config.task!r}; choose arithmetic, reasoning, code, tool or a FILE.jsonl"
+    )
 
 
 def effective_hedge_prob(config: LabConfig) -> float:
@@ -148,6 +155,11 @@ def base_model_key(config: LabConfig) -> str:
         "arithmetic": dataclasses.asdict(config.arithmetic)
         if config.task == "arithmetic"
         else None,
+        **(
+            {"reasoning": dataclasses.asdict(config.reasoning)}
+            if config.task == "reasoning"
+            else {}
+        ),
         "tiny": dataclasses.asdict(config.tiny),
         "base": dataclasses.asdict(base),
     }
