@@ -545,3 +545,10 @@ def test_inside_a_daemonic_pool_worker_after_fork() -> None:
     with multiprocessing.get_context("fork").Pool(1) as pool:
         assert pool.map(_verify_in_child, CHILD_JOBS) == CHILD_RESULTS
     check("\\boxed{\\frac{7}{14}}", "\\frac12", 1.0, "correct")  # the parent's still works
+
+
+@pytest.mark.parametrize("completion", ["#### 7}", "#### 7}4", "+07 ####.#&# =07}4:## 19"])
+def test_unbalanced_braces_cannot_close_the_parsers_box(completion):
+    # "7}4" parsed as \boxed{7}4} would read as 7: an unbalanced brace is unparsable
+    reward, parts = verify(completion, "7")
+    assert reward == 0.0 and parts["reason"] == "unparsable"

@@ -548,6 +548,10 @@ def _grade(
     elif len(predicted_value_text) > _MAX_SYMBOLIC_ANSWER_CHARS:
         parts["method"] = "math_verify"
         correct = False
+    elif not _balanced_braces(predicted_value_text):
+        # "7}4" would close the \boxed{...} the answer is parsed in, leaving "7": refuse
+        parts["reason"] = "unparsable"
+        return 0.0
     else:
         parts["method"] = "math_verify"
         try:
@@ -565,6 +569,18 @@ def _grade(
         correct = verdict == "correct"
     parts["reason"] = "correct" if correct else "wrong"
     return 1.0 if correct else 0.0
+
+
+def _balanced_braces(text: str) -> bool:
+    """Every unescaped `}` closes an earlier `{`, and every `{` is closed."""
+    depth = 0
+    for i, char in enumerate(text):
+        if i and text[i - 1] == "\\":
+            continue
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def _count(reason: str) -> None:
