@@ -39,13 +39,14 @@ from rlvr.rollout.sampler import sample_completions  # noqa: E402
 from rlvr.tasks import reasoning  # noqa: E402
 from rlvr.train.sft import train_next_token  # noqa: E402
 
-DATA = ("base", "think", "no_think", "fused")
+DATA = ("base", "think", "no_think", "fused", "fused_budget")
 
 
 @dataclass
 class Args:
     data: str = "base"
-    """Training mix: base (flawed, mixed notation), think, no_think, or fused (half and half)."""
+    """Training mix: base (flawed, mixed notation), think, no_think, fused (half and half), or
+    fused_budget (fused plus thinking cut short by a budget: 50/20/30 think/no-think/cut)."""
     task: reasoning.ReasoningTaskConfig = field(default_factory=reasoning.ReasoningTaskConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     flaw_prob: float = 0.65
@@ -71,12 +72,17 @@ def training_pairs(args: Args):
         yield from reasoning.task_spec(args.task).corpus(args.seed, args.flaw_prob)
         return
     rng = random.Random(args.seed + 1)
-    modes = {"think": ["default"], "no_think": ["no_think"]}.get(
-        args.data, ["default", "think", "no_think", "no_think"]
-    )
+    modes = {
+        "think": ["default"],
+        "no_think": ["no_think"],
+        "fused": ["default", "think", "no_think", "no_think"],
+        "fused_budget": ["default"] * 3 + ["think"] * 2 + ["no_think"] * 2 + ["cut"] * 3,
+    }[args.data]
     for problem in reasoning.train_problems(args.task, args.seed):
         mode = rng.choice(modes)
-        if mode == "no_think":
+        if mode == "cut":
+            yield problem.prompt, reasoning.cut_solution(problem, rng)
+        elif mode == "no_think":
             yield (
                 reasoning.mode_prompt(problem.prompt, mode),
                 reasoning.think_completion([], problem.answer),

@@ -156,3 +156,20 @@ def test_budget_fits_the_longest_completion(digits):
     assert max_completion_tokens(digits) == n == spec.min_new_tokens
     assert spec.max_new_tokens > spec.min_new_tokens
     assert spec.score(longest, {"answer": str(2 * top)}) == 1.0
+
+
+def test_cut_solutions_end_on_a_step_boundary_with_the_stop_phrase():
+    problem, rng = Problem(357, 468, "+"), random.Random(0)
+    cuts = {reasoning.cut_solution(problem, rng) for _ in range(50)}
+    assert cuts == {
+        "<think>7+8+0=15\n</think>825",
+        "<think>7+8+0=15 5+6+1=12\n</think>825",
+    }
+    assert all(verify(c, "825")[0] == 1.0 for c in cuts)
+    # a budget of step_budgets(d)[k] tokens holds exactly k steps
+    steps = "7+8+0=15 5+6+1=12 3+4+1=08".split()
+    assert reasoning.step_budgets(3) == [0] + [len(" ".join(steps[:k])) for k in (1, 2, 3)]
+    pairs = reasoning.budget_examples(
+        ReasoningTaskConfig(held_out_size=10), 5, seed=0, stop_phrase="!"
+    )
+    assert all(c.count("!</think>") == 1 for _, c in pairs)
