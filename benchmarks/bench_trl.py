@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 
 import _common as common
+from memory import current_rss_mb
 
 MARK = "@@bench "
 SETTINGS = {"lab": 3, "long": 12}  # setting -> operand digits
@@ -102,6 +103,7 @@ def child_rlvr(spec: dict) -> None:
 
     torch.set_num_threads(2)  # the lab's `threads`: the update's thread count
     _, task = common.lab_setup(spec["digits"])
+    imports_mb = current_rss_mb()
     model, tokenizer = load_model(spec["base_dir"])
     base_eval = _evaluate(model, tokenizer, spec, task) if spec["eval_base"] else {}
     config = GRPOConfig(
@@ -136,7 +138,8 @@ def child_rlvr(spec: dict) -> None:
             for _ in range(spec["prompts"]):
                 yield next(stream)
 
-    _send({"ready": True, "base_eval": base_eval, "shape": common.model_shape(model)})
+    _send({"ready": True, "base_eval": base_eval, "shape": common.model_shape(model),
+           "imports_rss_mb": imports_mb})  # fmt: skip
     train_grpo(
         model, tokenizer, rows(), [task.reward_fn], config, run,
         evaluate=lambda m: {},  # held-out accuracy is measured once, after the last step
@@ -173,6 +176,7 @@ def child_trl(spec: dict) -> None:
     from rlvr.models.tiny import load_model
 
     _, task = common.lab_setup(spec["digits"])
+    imports_mb = current_rss_mb()
     model, tokenizer = load_model(spec["base_dir"])  # the same weights and tokenizer object
     stream = task.train_rows(spec["seed"] + 10_000)  # rlvr's prompt sequence, in order
     rows = list(itertools.islice(stream, spec["steps"] * spec["prompts"]))
@@ -184,10 +188,14 @@ def child_trl(spec: dict) -> None:
     original_generate = model.generate
 
     def timed_generate(*args, **kwargs):
+        threads = torch.get_num_threads()
+        if spec["trl_generation_threads"]:  # not TRL's default: --trl-generation-threads
+            torch.set_num_threads(spec["trl_generation_threads"])
         threads_seen.add(torch.get_num_threads())
         t0 = time.perf_counter()
         out = original_generate(*args, **kwargs)
         generate_s[0] += time.perf_counter() - t0
+        torch.set_num_threads(threads)
         return out
 
     model.generate = timed_generate
@@ -249,7 +257,7 @@ def child_trl(spec: dict) -> None:
         model=model, reward_funcs=[strict_math], args=args, train_dataset=dataset,
         processing_class=tokenizer, callbacks=[Pace()],
     )  # fmt: skip
-    _send({"ready": True, "optim": str(args.optim)})
+    _send({"ready": True, "optim": str(args.optim), "imports_rss_mb": imports_mb})
     trainer.train()
     peak = common.peak_rss_mb()
     _report(spec["steps"])
@@ -298,6 +306,7 @@ def run_setting(name: str, args) -> dict:
         "digits": digits, "base_dir": str(base_dir), "steps": steps, "schedule": schedule,
         "prompts": args.prompts, "group": 8, "budget": task.max_new_tokens, "lr": args.lr,
         "seed": 0, "held_out": args.held_out, "eval_samples": args.eval_samples,
+        "trl_generation_threads": args.trl_generation_threads,
     }  # fmt: skip
     common.say(f"[bench] {name}: {task.describe}, base {base_how}, schedule {schedule}")
     children = {
@@ -330,7 +339,9 @@ def run_setting(name: str, args) -> dict:
         "matmul_gflops": matmul, "base_eval": ready["rlvr"]["base_eval"],
         "trl_optim": ready["trl"]["optim"], "threads": info,
         "frameworks": {
-            k: {"steps": steps_of[k], **finals[k], **_summary(steps_of[k])} for k in children
+            k: {"steps": steps_of[k], **finals[k], **_summary(steps_of[k]),
+                "imports_rss_mb": ready[k]["imports_rss_mb"]}
+            for k in children
         },
     }  # fmt: skip
     result["rates"] = _rates(result)
@@ -385,7 +396,8 @@ def _rates(result: dict) -> dict:
 def print_tables(results: list[dict]) -> None:
     header = [
         "setting", "framework", "s/step (median)", "completion tok/s", "generation tok/s",
-        "generate share", "peak RSS MB", "greedy acc", "sampled acc", "train reward",
+        "generate share", "peak RSS MB (after imports)", "greedy acc", "sampled acc",
+        "train reward",
     ]  # fmt: skip
     rows = []
     for res in results:
@@ -400,7 +412,8 @@ def print_tables(results: list[dict]) -> None:
                     f"{f['median_step_s']:.2f}", f"{f['tokens_per_s']:,.0f}",
                     f"{f['generate_tokens_per_s']:,.0f}",
                     f"{f['median_generate_s'] / f['median_step_s']:.0%}",
-                    f"{f['peak_rss_mb']:.0f}", f"{f['final']['greedy_acc']:.3f}",
+                    f"{f['peak_rss_mb']:.0f} ({f['imports_rss_mb']:.0f})",
+                    f"{f['final']['greedy_acc']:.3f}",
                     f"{f['final']['sampled_acc']:.3f}", f"{f['mean_train_reward']:.2f}",
                 ]
             )  # fmt: skip
@@ -445,6 +458,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--held-out", type=int, default=200, help="held-out problems")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per problem")
+    parser.add_argument(
+        "--trl-generation-threads", type=int, default=None,
+        help="threads for TRL's generate (default: torch's, 2 here; rlvr samples on 1)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, 4 prompts")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)

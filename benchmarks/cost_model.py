@@ -1,15 +1,17 @@
 """How rlvr's GRPO step time grows with group size, prompts per step, completion length and
 model size on this machine, split into generate / update / other.
 
-    python benchmarks/cost_model.py                       # about 4-8 minutes on 2 cores
+    python benchmarks/cost_model.py                       # about 5 minutes on 2 cores
     python benchmarks/cost_model.py --quick               # smoke test, under a minute
     python benchmarks/cost_model.py --out docs/cost_model.png --json cost.json
 
 One variable moves at a time from the lab's point (G = 8 completions per prompt, B = 16
 prompts, 3-digit addition, the lab's 1.25 M-parameter shape: 3 layers of width 160). Each point
-runs `rlvr.train.grpo.train_grpo` for a warm-up step plus `--steps` measured steps and takes
-the median of each part of `time/step_s`: `time/generate_s` (sampling), `time/update_s` (loss,
-backward, optimizer) and the rest (verifying, advantages).
+runs `rlvr.train.grpo.train_grpo` for a warm-up step plus `--steps` measured steps, once per
+pass; the passes go round all points in turn (`--passes`, default 3), so that load from other
+jobs, which comes and goes on a shared machine, falls on every point alike. A point's figure is
+the median over its measured steps of each part of `time/step_s`: `time/generate_s`
+(sampling), `time/update_s` (loss, backward, optimizer) and the rest (verifying, advantages).
 
 What is held fixed, and why:
 - the model is freshly initialised (seed 0) at every shape, so that every point costs no base
@@ -69,8 +71,9 @@ def coin_flip_reward(seed: int):
     return reward
 
 
-def measure(point: dict, steps: int) -> dict:
-    """Run one point: a warm-up step plus `steps` steps; medians of the parts of a step."""
+def measure(point: dict, steps: int, matmul: float) -> list[dict]:
+    """Run one point: a warm-up step plus `steps` steps; each measured step's parts, tokens
+    and arithmetic rates (fractions of `matmul`, the rate measured just before)."""
     import torch
 
     from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
@@ -78,11 +81,12 @@ def measure(point: dict, steps: int) -> dict:
     from rlvr.train.grpo import GRPOConfig, train_grpo
 
     layers, hidden, heads = SIZES[point["size"]]
-    tiny = {"num_layers": layers, "hidden_size": hidden, "num_heads": heads,
-            "intermediate_size": 4 * hidden}  # fmt: skip
+    tiny = TinyModelConfig(
+        num_layers=layers, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden
+    )
     _, task = common.lab_setup(point["digits"])
     tokenizer = build_char_tokenizer()
-    model = build_tiny_model(TinyModelConfig(**tiny), tokenizer, seed=0)
+    model = build_tiny_model(tiny, tokenizer, seed=0)
     config = GRPOConfig(
         steps=steps + 1, prompts_per_step=point["prompts"], group_size=point["group"],
         max_new_tokens=task.max_new_tokens, checkpoint_every=0, monitor_every=0,
@@ -97,62 +101,60 @@ def measure(point: dict, steps: int) -> dict:
     shape = common.model_shape(model)
     n = point["prompts"] * point["group"]
     prompt_len = len(task.held_out_rows()[0]["prompt"])
-    step = common.median(r["time/step_s"] for r in records)
-    generate = common.median(r["time/generate_s"] for r in records)
-    update = common.median(r["time/update_s"] for r in records)
-    update_rate = common.median(
-        common.update_flops(shape, n, prompt_len + r["completion/len_max"]) / r["time/update_s"]
-        for r in records
-    )
-    generate_rate = common.median(
-        common.generation_flops(shape, n, prompt_len, r["completion/len_mean"])
-        / r["time/generate_s"]
-        for r in records
-    )
-    return {
-        **point,
-        "params": shape["params"],
-        "completions": n,
-        "completion_len": common.median(r["completion/len_mean"] for r in records),
-        "budget": task.max_new_tokens,
-        "step_s": step,
-        "generate_s": generate,
-        "update_s": update,
-        "other_s": max(0.0, step - generate - update),
-        "tokens_per_s": common.median(
-            r["completion/len_mean"] * n / r["time/step_s"] for r in records
-        ),
-        "update_gflops": update_rate / 1e9,
-        "generate_gflops": generate_rate / 1e9,
-    }
+    out = []
+    for r in records:
+        width = prompt_len + r["completion/len_max"]
+        update = common.update_flops(shape, n, width) / r["time/update_s"] / 1e9
+        gen = common.generation_flops(shape, n, prompt_len, r["completion/len_mean"])
+        gen = gen / r["time/generate_s"] / 1e9
+        out.append(
+            {
+                "params": shape["params"], "completions": n, "budget": task.max_new_tokens,
+                "completion_len": r["completion/len_mean"], "step_s": r["time/step_s"],
+                "generate_s": r["time/generate_s"], "update_s": r["time/update_s"],
+                "tokens_per_s": r["completion/len_mean"] * n / r["time/step_s"],
+                "update_gflops": update, "generate_gflops": gen, "matmul_gflops": matmul,
+                "update_fraction": update / matmul, "generate_fraction": gen / matmul,
+            }
+        )  # fmt: skip
+    return out
 
 
-def run(axes: dict[str, list], steps: int) -> dict:
-    """Every point once (the lab's point is shared by the axes); each point's arithmetic rates
-    are fractions of the matmul rate measured just before it, so that load from other jobs
-    that comes and goes moves both alike."""
-    ceiling = []
-    cache: dict[tuple, dict] = {}
-    results = {}
+def run(axes: dict[str, list], steps: int, passes: int) -> dict:
+    """Every point (the lab's point is shared by the axes) once per pass, in turn, so that
+    load from other jobs that comes and goes falls on all points alike; each step's arithmetic
+    rates are fractions of the matmul rate measured just before its point. A point's figures
+    are medians over the steps of all passes."""
+    points = {}
     for axis, values in axes.items():
-        results[axis] = []
         for value in values:
             point = {**LAB, axis: value}
-            key = tuple(sorted(point.items()))
-            if key not in cache:
-                t0 = time.perf_counter()
-                ceiling.append(common.matmul_gflops())
-                cache[key] = {**measure(point, steps), "matmul_gflops": ceiling[-1]}
-                common.say(
-                    f"[cost] {axis}={value}: {cache[key]['step_s']:.2f} s/step "
-                    f"({time.perf_counter() - t0:.0f} s to measure)"
-                )
-            results[axis].append(cache[key])
-    for p in cache.values():
-        p["update_fraction"] = p["update_gflops"] / p["matmul_gflops"]
-        p["generate_fraction"] = p["generate_gflops"] / p["matmul_gflops"]
-    matmul = common.median(ceiling)
-    return {"matmul_gflops": ceiling, "matmul_median": matmul, "steps": steps, "axes": results}
+            points.setdefault(tuple(sorted(point.items())), point)
+    steps_of: dict[tuple, list[dict]] = {key: [] for key in points}
+    ceiling = []
+    for i in range(passes):
+        t0 = time.perf_counter()
+        for key, point in points.items():
+            ceiling.append(common.matmul_gflops())
+            steps_of[key].extend(measure(point, steps, ceiling[-1]))
+        common.say(f"[cost] pass {i + 1}/{passes}: {time.perf_counter() - t0:.0f} s")
+    summary = {}
+    for key, point in points.items():
+        measured = steps_of[key]
+        summary[key] = {**point, "steps": measured}
+        for field in measured[0]:
+            summary[key][field] = common.median(m[field] for m in measured)
+        summary[key]["other_s"] = max(
+            0.0, summary[key]["step_s"] - summary[key]["generate_s"] - summary[key]["update_s"]
+        )
+    results = {
+        axis: [summary[tuple(sorted({**LAB, axis: v}.items()))] for v in values]
+        for axis, values in axes.items()
+    }
+    return {
+        "matmul_gflops": ceiling, "matmul_median": common.median(ceiling), "steps": steps,
+        "passes": passes, "axes": results,
+    }  # fmt: skip
 
 
 def table(result: dict) -> str:
@@ -221,21 +223,22 @@ def _tick(axis: str, p: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="measured steps per point")
+    parser.add_argument("--steps", type=int, default=2, help="measured steps per point and pass")
+    parser.add_argument("--passes", type=int, default=3, help="passes over all points")
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 points per axis")
     parser.add_argument("--out", type=Path, default=Path("cost_model.png"), help="the figure")
     parser.add_argument("--json", type=Path, help="write the measurements as JSON here")
     args = parser.parse_args()
     axes = {k: v for k, (_, v) in AXES.items()}
     if args.quick:
-        axes, args.steps = QUICK_AXES, 1
+        axes, args.steps, args.passes = QUICK_AXES, 1, 1
         LAB.update(prompts=4, group=4)
     start = time.perf_counter()
-    result = run(axes, args.steps)
+    result = run(axes, args.steps, args.passes)
     print(table(result))
     print()
     rates = ", ".join(f"{g:.0f}" for g in result["matmul_gflops"])
-    print(f"matmul 2048² fp32, 2 threads, before each point: {rates} GFLOP/s")
+    print(f"matmul 2048² fp32, 2 threads, before each point of each pass: {rates} GFLOP/s")
     plot(result, args.out)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
