@@ -10,6 +10,7 @@ curve. Each run takes one to three minutes on two CPU cores.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -58,6 +59,11 @@ class Args:
     threads: int = 2
     eval_samples: int = 4
     """Sampled (temperature 1) completions per held-out problem."""
+    init: str | None = None
+    """Fine-tune this saved model instead of a fresh one (e.g. cold-start SFT of a base)."""
+    pool: int = 0
+    """Cycle over this many distinct training pairs (0: a fresh problem every time), e.g. 200
+    readable solutions for a cold start."""
     save: str | None = None
     """Save the trained model here; if it already holds a model, load it instead of training."""
     curve: str | None = None
@@ -122,9 +128,14 @@ def main(args: Args) -> None:
     if args.save and (Path(args.save) / "config.json").exists():
         model, tokenizer = load_model(args.save)
     else:
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_model(args.tiny, tokenizer, seed=args.seed)
+        if args.init:
+            model, tokenizer = load_model(args.init)
+        else:
+            tokenizer = build_char_tokenizer()
+            model = build_tiny_model(args.tiny, tokenizer, seed=args.seed)
         pairs = training_pairs(args)
+        if args.pool:
+            pairs = itertools.cycle(list(itertools.islice(pairs, args.pool)))
         train_next_token(model, tokenizer, pairs, args.steps, args.batch_size, args.lr)
         if args.save:
             save_model(model, tokenizer, args.save)

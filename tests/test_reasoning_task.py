@@ -169,7 +169,3 @@ def test_cut_solutions_end_on_a_step_boundary_with_the_stop_phrase():
     # a budget of step_budgets(d)[k] tokens holds exactly k steps
     steps = "7+8+0=15 5+6+1=12 3+4+1=08".split()
     assert reasoning.step_budgets(3) == [0] + [len(" ".join(steps[:k])) for k in (1, 2, 3)]
-    pairs = reasoning.budget_examples(
-        ReasoningTaskConfig(held_out_size=10), 5, seed=0, stop_phrase="!"
-    )
-    assert all(c.count("!</think>") == 1 for _, c in pairs)

@@ -71,7 +71,6 @@ __all__ = [
     "REASONS",
     "ReasoningTaskConfig",
     "flawed_solution",
-    "budget_examples",
     "cut_solution",
     "format_consistency_reward",
     "held_out_problems",
@@ -226,7 +225,11 @@ def no_think_examples(config: ReasoningTaskConfig, count: int, seed: int) -> lis
 def cut_solution(problem: Problem, rng: random.Random, stop_phrase: str = "\n") -> str:
     """The clean thinking cut after k of its d steps (k uniform in 1..d-1), then `stop_phrase`
     + `</think>` + the right answer: what `generate_with_thinking_budget` writes when a budget
-    of `step_budgets(d)[k]` tokens runs out (`stop_phrase` must be the one used there)."""
+    of `step_budgets(d)[k]` tokens runs out (`stop_phrase` must be the one used there).
+
+    Fusion data meant to teach answering from partial thinking. Measured (docs/miniature.md):
+    it did not (3 % at two of three steps) and taught the model to stop thinking early when
+    sampling, so no pipeline uses it; `scripts/miniature.py --data fused_budget` reproduces."""
     steps = flawed_solution(problem, 0.0, 0.0)[len(THINK_OPEN) :].split(THINK_CLOSE)[0].split()
     k = rng.randint(1, max(1, len(steps) - 1))
     return f"{THINK_OPEN}{' '.join(steps[:k])}{stop_phrase}{THINK_CLOSE}{problem.answer}"
@@ -235,17 +238,6 @@ def cut_solution(problem: Problem, rng: random.Random, stop_phrase: str = "\n") 
 def step_budgets(digits: int) -> list[int]:
     """Thinking budgets that end on a step boundary: 0, 8, 17, ... (k steps: 9k - 1 tokens)."""
     return [0] + [(_STEP_CHARS + 1) * k - 1 for k in range(1, digits + 1)]
-
-
-def budget_examples(
-    config: ReasoningTaskConfig, count: int, seed: int, stop_phrase: str = "\n"
-) -> list[tuple[str, str]]:
-    """`count` pairs (default prompt, `cut_solution`): thinking-mode fusion data that teaches
-    answering from partial thinking. Without it the tiny model's accuracy is 0 at every budget
-    short of the whole solution (docs/miniature.md)."""
-    rng = random.Random(f"budget-{seed}")
-    problems = itertools.islice(train_problems(config, seed), count)
-    return [(p.prompt, cut_solution(p, rng, stop_phrase)) for p in problems]
 
 
 # --- grading -------------------------------------------------------------------------------
