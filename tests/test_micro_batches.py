@@ -9,6 +9,7 @@ from rlvr.report.step_time import STEP_PARTS, format_step_time, step_time_split
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
 from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
 from rlvr.train.micro_batches import token_budget_micro_batches, trimmed_rows
+from rlvr.verifiers.math import math_reward
 
 
 def test_micro_batches_respect_the_padded_token_budget_and_cover_every_row():
@@ -90,3 +91,27 @@ def test_step_time_split_adds_up_and_beta_zero_skips_the_reference():
     split = step_time_split([{"step": 1, **m}, {"step": 2, **m_ref}])
     assert split["step"] == pytest.approx((m["time/step_s"] + m_ref["time/step_s"]) / 2)
     assert "median step" in format_step_time(split) and "generate" in format_step_time(split)
+
+
+def test_monitor_compares_the_correctness_reward_not_format_bonuses():
+    from rlvr.rollout.engine import batch_from_token_lists
+    from rlvr.train.grpo import monitor_hacking
+
+    tokenizer = build_char_tokenizer()
+    texts = ["#### 12", "#### 12", "#### 13 or 12", "#### 13"]
+    tokens = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    batch = batch_from_token_lists(tokenizer, ["5+7="], 4, tokens, [[0.0] * len(t) for t in tokens])
+    rows = [{"prompt": "5+7=", "answer": "12"}]
+    config = GRPOConfig(max_new_tokens=8)
+
+    def weak(prompts, completions, answer, **_):  # pays any completion containing the answer
+        return [float(a in c) for c, a in zip(completions, answer)]
+
+    strict_then_bonus = torch.tensor([1.5, 1.5, 0.5, 0.5])  # strict + 0.5 x a format bonus
+    plain = monitor_hacking(math_reward, rows, batch, strict_then_bonus, config)
+    assert plain["monitor/flagged"] == 1.0  # the bonus alone looks like a gap of 0.5
+    fair = monitor_hacking(math_reward, rows, batch, strict_then_bonus, config, math_reward)
+    assert fair["monitor/gap"] == 0.0 and fair["monitor/flagged"] == 0.0
+    gamed = monitor_hacking(math_reward, rows, batch, torch.zeros(4), config, weak)
+    assert gamed["monitor/train_reward"] == 0.75 and gamed["monitor/strict_acc"] == 0.5
+    assert gamed["monitor/flagged"] == 1.0

@@ -540,7 +540,7 @@ def train_grpo(
             out_of_time = 0 < config.max_seconds <= time.perf_counter() - start
             record = _record_step(
                 step, metrics, batch, rows, rewards, models, config, evaluate, strict_reward_fn,
-                start, final=out_of_time,
+                start, final=out_of_time, train_reward_fn=reward_fns[0],
             )  # fmt: skip
             if "eval/greedy_acc" in record:
                 last_eval = record
@@ -579,6 +579,7 @@ def _record_step(
     strict_reward_fn: RewardFn | None,
     start: float,
     final: bool = False,
+    train_reward_fn: RewardFn | None = None,
 ) -> dict[str, Any]:
     """The metrics line of one step: the step's own, the monitor's and the evaluation's."""
     model = models.policy
@@ -588,7 +589,9 @@ def _record_step(
     record: dict[str, Any] = {"step": step, **metrics}
     if strict_reward_fn is not None and config.monitor_every > 0 and len(rewards) > 0:
         if step % config.monitor_every == 0:
-            record.update(monitor_hacking(strict_reward_fn, rows, batch, rewards, config))
+            record.update(
+                monitor_hacking(strict_reward_fn, rows, batch, rewards, config, train_reward_fn)
+            )
             if record["monitor/flagged"]:
                 tqdm.write(
                     f"[rlvr] step {step}: training reward {record['monitor/train_reward']:.2f}"
@@ -637,15 +640,20 @@ def monitor_hacking(
     batch: RolloutBatch,
     rewards: torch.Tensor,
     config: GRPOConfig,
+    train_reward_fn: RewardFn | None = None,
 ) -> dict[str, float]:
-    """Re-score the first `monitor_samples` completions with the strict verifier."""
+    """Re-score the first `monitor_samples` completions with the strict verifier and compare
+    with the training verifier's score of the same completions: `train_reward_fn` (the first
+    reward function, the one that judges correctness) when given, else the step's total
+    reward. Other terms of a weighted reward (a format bonus, say) are not hacking."""
     n = min(config.monitor_samples, len(batch.completions))
     sample_rows = rows_per_completion(rows, batch.group_ids)[:n]
-    strict, _ = total_rewards(
-        [strict_reward_fn], [1.0], [r["prompt"] for r in sample_rows], batch.completions[:n],
-        columns_of(sample_rows),
-    )  # fmt: skip
-    train_reward, strict_acc = rewards[:n].mean().item(), strict.mean().item()
+    prompts, columns = [r["prompt"] for r in sample_rows], columns_of(sample_rows)
+    strict, _ = total_rewards([strict_reward_fn], [1.0], prompts, batch.completions[:n], columns)
+    train = rewards[:n]
+    if train_reward_fn is not None:
+        train, _ = total_rewards([train_reward_fn], [1.0], prompts, batch.completions[:n], columns)
+    train_reward, strict_acc = train.mean().item(), strict.mean().item()
     gap = train_reward - strict_acc
     return {
         "monitor/train_reward": train_reward,
