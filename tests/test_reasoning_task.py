@@ -169,3 +169,17 @@ def test_cut_solutions_end_on_a_step_boundary_with_the_stop_phrase():
     # a budget of step_budgets(d)[k] tokens holds exactly k steps
     steps = "7+8+0=15 5+6+1=12 3+4+1=08".split()
     assert reasoning.step_budgets(3) == [0] + [len(" ".join(steps[:k])) for k in (1, 2, 3)]
+
+
+def test_mode_following_reward_pays_for_obeying_the_switch():
+    from rlvr.tasks.reasoning import mode_following_reward
+
+    prompts = ["/no_think 1+2=", "/no_think 1+2=", "1+2=", "/think 1+2=", "/think 1+2="]
+    completions = [
+        "<think></think>3",  # obeys /no_think
+        "<think>1+2+0=03</think>3",  # thinks anyway
+        "<think>1+2+0=03</think>3",  # default mode thinks
+        "<think></think>3",  # skipped thinking when asked to think
+        "1+2+0=03 3",  # no think block at all
+    ]
+    assert mode_following_reward(prompts, completions) == [1.0, 0.0, 1.0, 0.0, 0.0]

@@ -191,6 +191,8 @@ class GRPOStage:
     group_size: int = 8
     consistency_weight: float = 0.0
     """Weight of R1's language-consistency reward (the readability score of each completion)."""
+    mode_weight: float = 0.0
+    """Weight of the mode-following reward (empty think block for /no_think, else thinking)."""
     modes: tuple[str, ...] = ("default",)
     """Thinking modes of the training prompts, cycled (e.g. [think, no_think])."""
     same_time_as: str | None = None
@@ -220,6 +222,9 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
     if s.consistency_weight:
         reward_fns.append(reasoning.format_consistency_reward)
         weights.append(s.consistency_weight)
+    if s.mode_weight:
+        reward_fns.append(reasoning.mode_following_reward)
+        weights.append(s.mode_weight)
     held_out = ctx.task.held_out_rows()
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
@@ -294,7 +299,9 @@ class ThinkingBudgetStage:
     """Held-out accuracy and tokens against a thinking budget, with its figure."""
 
     model: str | None = None
-    budgets: tuple[int, ...] = (0, 4, 8, 12, 16, 20, 24, 28, 32)
+    budgets: tuple[int, ...] = ()
+    """Budgets in thinking tokens (default: those that end on a step boundary, plus 4 and a
+    few in between); `none` (no budget) is always added."""
 
 
 def run_thinking_budget_stage(
@@ -305,8 +312,11 @@ def run_thinking_budget_stage(
 
     model, tokenizer = load_model(ctx.model_of(s.model))
     rows = ctx.task.held_out_rows()
+    budgets = list(s.budgets) or sorted(
+        {*reasoning.step_budgets(ctx.task_config.digits), 4, 12, 22}
+    )
     curve = curve_of(
-        model, tokenizer, rows, ctx.task.score, budgets=[*s.budgets, None], seed=ctx.seed
+        model, tokenizer, rows, ctx.task.score, budgets=[*budgets, None], seed=ctx.seed
     )
     (stage_dir / "thinking_budget.json").write_text(json.dumps(curve, indent=2))
     (stage_dir / "thinking_budget.md").write_text(format_table(curve) + "\n")
@@ -330,21 +340,29 @@ def greedy_completions(
 
 
 def evaluate_stage_model(
-    model_dir: str, ctx: PipelineContext, modes: tuple[str, ...]
+    model_dir: str, ctx: PipelineContext, modes: tuple[str, ...], sampled: int = 4
 ) -> dict[str, float]:
-    """Greedy held-out accuracy, readability (share of digit-notation steps in the think
-    block, mean over completions) and mean completion length in tokens (EOS excluded), per
-    thinking mode; `default` carries no suffix, other modes `@mode` (e.g. accuracy@no_think),
-    plus the share of non-empty think blocks."""
+    """Per thinking mode, on the held-out rows: greedy accuracy, sampled pass@1 at T = 1
+    (`sampled` completions per problem), readability (share of digit-notation steps in the
+    think block, mean over greedy completions), mean greedy completion length in tokens (EOS
+    excluded) and the share of non-empty think blocks. `default` mode carries no suffix, other
+    modes `@mode` (e.g. accuracy@no_think)."""
+    from rlvr.train.evaluate import held_out_accuracy
+
     model, tokenizer = load_model(model_dir)
     result: dict[str, float] = {}
+    budget = ctx.task.max_new_tokens
     for mode in modes:
         rows = [
             {**r, "prompt": reasoning.set_mode(r["prompt"], mode)} for r in ctx.task.held_out_rows()
         ]
-        completions = greedy_completions(model, tokenizer, rows, ctx.task.max_new_tokens)
+        completions = greedy_completions(model, tokenizer, rows, budget)
         suffix = "" if mode == "default" else f"@{mode}"
         result[f"accuracy{suffix}"] = _mean(ctx.task.score(c, r) for c, r in zip(completions, rows))
+        result[f"sampled{suffix}"] = held_out_accuracy(
+            model, tokenizer, rows, ctx.task.score, budget, temperature=1.0, num_samples=sampled,
+            seed=ctx.seed + 1,
+        )  # fmt: skip
         result[f"readability{suffix}"] = _mean(reasoning.readability(c) for c in completions)
         result[f"length{suffix}"] = _mean(
             len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions

@@ -125,5 +125,5 @@ def plot_pipeline(
 
 
 def _family_order(family: str) -> int:
-    order = ("accuracy", "readability", "thinks", "length")
+    order = ("accuracy", "sampled", "readability", "thinks", "length")
     return order.index(family) if family in order else len(order)

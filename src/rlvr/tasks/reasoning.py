@@ -325,6 +325,24 @@ def format_consistency_reward(
     return [readability(c) for c in completions]
 
 
+def follows_mode(prompt: Any, completion: Any) -> float:
+    """1.0 when the completion obeys the prompt's thinking mode: an empty think block for a
+    `/no_think` prompt, a non-empty one otherwise (Qwen3's soft switch); else 0.0."""
+    text, prompt_text = completion_text(completion), completion_text(prompt)
+    if text is None or prompt_text is None:
+        return 0.0
+    reason, thinking, _ = split_think(text)
+    if reason != "ok":
+        return 0.0
+    wants_thinking = not prompt_text.lstrip().startswith(MODE_TAGS["no_think"].strip())
+    return float(bool(thinking.strip()) == wants_thinking)
+
+
+def mode_following_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
+    """TRL reward function: `follows_mode` of each (prompt, completion)."""
+    return [follows_mode(p, c) for p, c in zip(prompts, completions, strict=True)]
+
+
 # --- the task ------------------------------------------------------------------------------
 
 
