@@ -1,9 +1,10 @@
 """rlvr against TRL's GRPOTrainer: one model, one task, one configuration, alternating.
 
     pip install -e ".[bench]"                       # trl==1.16.0 (the library never imports it)
-    python benchmarks/bench_trl.py                  # both settings, 20 steps each, 4 rounds
+    python benchmarks/bench_trl.py                  # both settings, 20 steps each, 10 rounds
     python benchmarks/bench_trl.py --setting lab --steps 40 --rounds 8 --out bench.json
     python benchmarks/bench_trl.py --quick          # smoke test, under a minute
+    python benchmarks/bench_trl.py --trl-generation-threads 0 1   # also TRL sampling on 1 thread
 
 Settings: `lab` is the lab's task (3-digit addition, worked solutions of about 37 tokens);
 `long` is the same task with 12-digit operands (worked solutions of about 125 tokens). Each
@@ -16,15 +17,18 @@ Both frameworks train the same weights with the same tokenizer (the base directo
 budget, temperature 1, AdamW at a constant lr (1e-4), gradient clip 1, beta = 0, mu = 1,
 token-mean loss, group-std-scaled advantages, clip epsilon 0.2.
 
-Each framework runs in its own child process (its own peak memory), and the two take turns:
-round 1 runs rlvr for steps/rounds steps while TRL's process waits, then TRL for as many, round
-2 starts with TRL, and so on; so load from other jobs on the machine falls on both alike. The
-parent measures the machine's large-matmul rate (2048^2 fp32, 2 threads) between rounds.
+Each framework runs in its own child process (its own peak memory), and they take turns: round
+1 runs rlvr for steps/rounds steps while TRL's process waits (blocked on a pipe, no CPU), then
+TRL for as many; round 2 starts with TRL, and so on; so load from other jobs on the machine
+falls on both alike. The parent measures the machine's large-matmul rate (2048^2 fp32, 2
+threads) between rounds.
 
 Threads, each framework's own default on this machine: rlvr samples on 1 thread and updates on
 2 (`GRPOConfig.generation_threads`, the lab's `threads`); TRL runs on torch's default, 2 (one
-per core). Both processes get OMP_WAIT_POLICY=PASSIVE (rlvr's CLI sets it; TRL gets it too, which
-can only help it on a shared CPU).
+per core). `--trl-generation-threads 0 1` adds a third run, TRL given rlvr's policy (1 thread
+inside its `model.generate`), to separate that choice from the rest. Every process gets
+OMP_WAIT_POLICY=PASSIVE (rlvr's CLI sets it; TRL gets it too: with OpenMP's default busy-wait
+and other jobs on the CPU, a 2-thread greedy evaluation here took 52 s instead of 4.7 s).
 
 Reported per framework: median seconds per step; completion tokens per second end to end and
 in generation alone (median over steps of tokens / seconds; TRL's generation is timed around
@@ -293,6 +297,18 @@ class Child:
         self.proc.stdin.flush()
 
 
+def trl_label(threads: int) -> str:
+    """The child's name: TRL as it comes (0: torch's thread count) or with N threads in
+    `generate`."""
+    return "trl" if threads == 0 else f"trl-gen{threads}"
+
+
+def display_name(key: str) -> str:
+    if key == "rlvr":
+        return "rlvr"
+    return "TRL 1.16" + ("" if key == "trl" else f", {key[7:]}-thread generate")
+
+
 def run_setting(name: str, args) -> dict:
     digits = SETTINGS[name]
     config, task = common.lab_setup(digits)
@@ -306,20 +322,21 @@ def run_setting(name: str, args) -> dict:
         "digits": digits, "base_dir": str(base_dir), "steps": steps, "schedule": schedule,
         "prompts": args.prompts, "group": 8, "budget": task.max_new_tokens, "lr": args.lr,
         "seed": 0, "held_out": args.held_out, "eval_samples": args.eval_samples,
-        "trl_generation_threads": args.trl_generation_threads,
+        "eval_base": False, "trl_generation_threads": 0,
     }  # fmt: skip
     common.say(f"[bench] {name}: {task.describe}, base {base_how}, schedule {schedule}")
-    children = {
-        "rlvr": Child("rlvr", {**spec, "eval_base": True}),
-        "trl": Child("trl", {**spec, "eval_base": False}),
-    }
+    children = {"rlvr": Child("rlvr", {**spec, "eval_base": True})}
+    for threads in args.trl_generation_threads:
+        spec_trl = {**spec, "trl_generation_threads": threads}
+        children[trl_label(threads)] = Child("trl", spec_trl)
     ready = {k: c.receive() for k, c in children.items()}
     matmul, steps_of = [], {k: [] for k in children}
     info = {k: {} for k in children}
+    keys = list(children)
     for i in range(rounds):
         matmul.append(common.matmul_gflops())
-        order = ["rlvr", "trl"] if i % 2 == 0 else ["trl", "rlvr"]
-        for k in order:
+        # each round starts with the next framework: everyone goes first equally often
+        for k in keys[i % len(keys) :] + keys[: i % len(keys)]:
             children[k].send("go")
             msg = children[k].receive()
             steps_of[k].extend(msg["steps"])
@@ -337,7 +354,7 @@ def run_setting(name: str, args) -> dict:
         "setting": name, "task": task.describe, "base": base_how, "base_dir": str(base_dir),
         "spec": spec, "shape": shape, "prompt_tokens": prompt_len,
         "matmul_gflops": matmul, "base_eval": ready["rlvr"]["base_eval"],
-        "trl_optim": ready["trl"]["optim"], "threads": info,
+        "trl_optim": ready[keys[1]]["optim"], "threads": info,
         "frameworks": {
             k: {"steps": steps_of[k], **finals[k], **_summary(steps_of[k]),
                 "imports_rss_mb": ready[k]["imports_rss_mb"]}
@@ -402,13 +419,11 @@ def print_tables(results: list[dict]) -> None:
     rows = []
     for res in results:
         fws = res["frameworks"]
-        for k in ("rlvr", "trl"):
-            f = fws[k]
+        for k, f in fws.items():
             length = f["mean_completion_tokens"] / f["completions_per_step"]
             rows.append(
                 [
-                    f"{res['setting']} ({res['task']}, ~{length:.0f} tok)",
-                    k if k == "rlvr" else "TRL 1.16",
+                    f"{res['setting']} ({res['task']}, ~{length:.0f} tok)", display_name(k),
                     f"{f['median_step_s']:.2f}", f"{f['tokens_per_s']:,.0f}",
                     f"{f['generate_tokens_per_s']:,.0f}",
                     f"{f['median_generate_s'] / f['median_step_s']:.0%}",
@@ -417,22 +432,28 @@ def print_tables(results: list[dict]) -> None:
                     f"{f['final']['sampled_acc']:.3f}", f"{f['mean_train_reward']:.2f}",
                 ]
             )  # fmt: skip
-        r, t = fws["rlvr"], fws["trl"]
-        rows.append(
-            [
-                res["setting"], "**rlvr / TRL**", f"{r['median_step_s'] / t['median_step_s']:.2f}",
-                f"**{r['tokens_per_s'] / t['tokens_per_s']:.2f}**",
-                f"{r['generate_tokens_per_s'] / t['generate_tokens_per_s']:.2f}", "",
-                f"{r['peak_rss_mb'] / t['peak_rss_mb']:.2f}",
-                f"{r['final']['greedy_acc'] - t['final']['greedy_acc']:+.3f}",
-                f"{r['final']['sampled_acc'] - t['final']['sampled_acc']:+.3f}", "",
-            ]
-        )  # fmt: skip
+        r = fws["rlvr"]
+        for k, t in fws.items():
+            if k == "rlvr":
+                continue
+            rows.append(
+                [
+                    res["setting"], f"**rlvr / {display_name(k)}**",
+                    f"{r['median_step_s'] / t['median_step_s']:.2f}",
+                    f"**{r['tokens_per_s'] / t['tokens_per_s']:.2f}**",
+                    f"{r['generate_tokens_per_s'] / t['generate_tokens_per_s']:.2f}", "",
+                    f"{r['peak_rss_mb'] / t['peak_rss_mb']:.2f}",
+                    f"{r['final']['greedy_acc'] - t['final']['greedy_acc']:+.3f}",
+                    f"{r['final']['sampled_acc'] - t['final']['sampled_acc']:+.3f}", "",
+                ]
+            )  # fmt: skip
     print(common.markdown_table(header, rows))
     print()
+    trl_keys = [k for k in results[0]["frameworks"] if k != "rlvr"]
     header = [
         "setting", "params", "base greedy / sampled", "matmul GFLOP/s (2048², 2 thr)",
-        "rlvr update GFLOP/s", "rlvr generation GFLOP/s", "TRL generation GFLOP/s",
+        "rlvr update GFLOP/s", "rlvr generation GFLOP/s",
+        *[f"{display_name(k)} generation GFLOP/s" for k in trl_keys],
     ]  # fmt: skip
     rows = []
     for res in results:
@@ -442,8 +463,8 @@ def print_tables(results: list[dict]) -> None:
                 res["setting"], f"{res['shape']['params']:,}",
                 f"{b['greedy_acc']:.3f} / {b['sampled_acc']:.3f}", f"{q['matmul_gflops']:.1f}",
                 f"{q['rlvr_update_gflops']:.1f} ({q['rlvr_update_fraction']:.0%})",
-                f"{q['rlvr_generate_gflops']:.1f} ({q['rlvr_generate_fraction']:.0%})",
-                f"{q['trl_generate_gflops']:.1f} ({q['trl_generate_fraction']:.0%})",
+                *[f"{q[f'{k}_generate_gflops']:.1f} ({q[f'{k}_generate_fraction']:.0%})"
+                  for k in ["rlvr", *trl_keys]],
             ]
         )  # fmt: skip
     print(common.markdown_table(header, rows))
@@ -453,14 +474,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--setting", choices=[*SETTINGS, "both"], default="both")
     parser.add_argument("--steps", type=int, default=20, help="steps per framework per setting")
-    parser.add_argument("--rounds", type=int, default=4, help="alternations per setting")
+    parser.add_argument("--rounds", type=int, default=10, help="alternations per setting")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step (x 8)")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--held-out", type=int, default=200, help="held-out problems")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per problem")
     parser.add_argument(
-        "--trl-generation-threads", type=int, default=None,
-        help="threads for TRL's generate (default: torch's, 2 here; rlvr samples on 1)",
+        "--trl-generation-threads", type=int, nargs="+", default=[0], metavar="N",
+        help="one TRL run per value: threads in its `generate` (0: torch's default, 2 here, "
+        "TRL as it comes; rlvr samples on 1). E.g. `0 1` adds TRL given rlvr's thread policy",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, 4 prompts")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")

@@ -71,9 +71,9 @@ def coin_flip_reward(seed: int):
     return reward
 
 
-def measure(point: dict, steps: int, matmul: float) -> list[dict]:
+def measure(point: dict, steps: int) -> list[dict]:
     """Run one point: a warm-up step plus `steps` steps; each measured step's parts, tokens
-    and arithmetic rates (fractions of `matmul`, the rate measured just before)."""
+    and arithmetic rates."""
     import torch
 
     from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
@@ -113,8 +113,7 @@ def measure(point: dict, steps: int, matmul: float) -> list[dict]:
                 "completion_len": r["completion/len_mean"], "step_s": r["time/step_s"],
                 "generate_s": r["time/generate_s"], "update_s": r["time/update_s"],
                 "tokens_per_s": r["completion/len_mean"] * n / r["time/step_s"],
-                "update_gflops": update, "generate_gflops": gen, "matmul_gflops": matmul,
-                "update_fraction": update / matmul, "generate_fraction": gen / matmul,
+                "update_gflops": update, "generate_gflops": gen,
             }
         )  # fmt: skip
     return out
@@ -122,31 +121,36 @@ def measure(point: dict, steps: int, matmul: float) -> list[dict]:
 
 def run(axes: dict[str, list], steps: int, passes: int) -> dict:
     """Every point (the lab's point is shared by the axes) once per pass, in turn, so that
-    load from other jobs that comes and goes falls on all points alike; each step's arithmetic
-    rates are fractions of the matmul rate measured just before its point. A point's figures
-    are medians over the steps of all passes."""
+    load from other jobs that comes and goes falls on all points alike. The matmul rate is
+    measured between points; a point's ceiling is the median of the measurements just before
+    and just after each of its runs. A point's figures are medians over the steps of all
+    passes."""
     points = {}
     for axis, values in axes.items():
         for value in values:
             point = {**LAB, axis: value}
             points.setdefault(tuple(sorted(point.items())), point)
     steps_of: dict[tuple, list[dict]] = {key: [] for key in points}
+    adjacent: dict[tuple, list[float]] = {key: [] for key in points}
     ceiling = []
     for i in range(passes):
         t0 = time.perf_counter()
+        ceiling.append(common.matmul_gflops())
         for key, point in points.items():
+            steps_of[key].extend(measure(point, steps))
             ceiling.append(common.matmul_gflops())
-            steps_of[key].extend(measure(point, steps, ceiling[-1]))
+            adjacent[key] += ceiling[-2:]
         common.say(f"[cost] pass {i + 1}/{passes}: {time.perf_counter() - t0:.0f} s")
     summary = {}
     for key, point in points.items():
         measured = steps_of[key]
-        summary[key] = {**point, "steps": measured}
+        p = summary[key] = {**point, "steps": measured}
         for field in measured[0]:
-            summary[key][field] = common.median(m[field] for m in measured)
-        summary[key]["other_s"] = max(
-            0.0, summary[key]["step_s"] - summary[key]["generate_s"] - summary[key]["update_s"]
-        )
+            p[field] = common.median(m[field] for m in measured)
+        p["other_s"] = max(0.0, p["step_s"] - p["generate_s"] - p["update_s"])
+        p["matmul_gflops"] = common.median(adjacent[key])
+        p["update_fraction"] = p["update_gflops"] / p["matmul_gflops"]
+        p["generate_fraction"] = p["generate_gflops"] / p["matmul_gflops"]
     results = {
         axis: [summary[tuple(sorted({**LAB, axis: v}.items()))] for v in values]
         for axis, values in axes.items()
@@ -238,7 +242,7 @@ def main() -> None:
     print(table(result))
     print()
     rates = ", ".join(f"{g:.0f}" for g in result["matmul_gflops"])
-    print(f"matmul 2048² fp32, 2 threads, before each point of each pass: {rates} GFLOP/s")
+    print(f"matmul 2048² fp32, 2 threads, between points, in order: {rates} GFLOP/s")
     plot(result, args.out)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
