@@ -107,3 +107,19 @@ def test_stage_context_names_missing_models():
 
 
 del pipeline_module
+
+
+def test_sft_sources_mix_generated_rows_and_retagged_sample_rows(tmp_path):
+    from rlvr.tasks import reasoning
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"prompt": "12+34=", "completion": "<think>x</think>46"}) + "\n")
+    config = reasoning.ReasoningTaskConfig(digits=2, held_out_size=8)
+    ctx = stages.PipelineContext(config, reasoning.task_spec(config), None, 0, False)
+    ctx.outputs["s"] = {"data": str(samples)}
+    rows = stages.sft_pairs(("readable:3", "no_think:2", "s", "s@think"), ctx, seed=0)
+    prompts = [r["prompt"] for r in rows]
+    assert len(rows) == 7 and prompts[-2:] == ["12+34=", "/think 12+34="]
+    assert sum(p.startswith("/no_think") for p in prompts) == 2
+    with pytest.raises(ValueError, match="unknown SFT data source 's@loud'"):
+        stages.sft_pairs(("s@loud",), ctx, seed=0)

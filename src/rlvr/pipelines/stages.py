@@ -123,7 +123,8 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
 class SFTStage:
     """Supervised fine-tuning on `data`: a list of sources, each `readable:N` (clean long
     chain of thought), `think:N` (the same, prompts tagged /think), `no_think:N` (empty
-    think block), or the name of an earlier `sample` stage (all its verified rows)."""
+    think block), the name of an earlier `sample` stage (all its verified rows), or
+    `STAGE@MODE` (those rows with their prompts re-tagged, e.g. `samples@think`)."""
 
     data: tuple[str, ...] = ("readable:200",)
     model: str | None = None
@@ -145,15 +146,21 @@ def sft_pairs(sources: tuple[str, ...], ctx: PipelineContext, seed: int) -> list
     }
     for source in sources:
         kind, _, count = source.partition(":")
+        stage, _, mode = source.partition("@")
         if kind in makers and count.isdigit():
             rows += [{"prompt": p, "completion": c} for p, c in makers[kind](int(count))]
-        elif "data" in ctx.outputs.get(source, {}):
-            with open(ctx.outputs[source]["data"]) as f:
-                rows += [json.loads(line) for line in f]
+        elif "data" in ctx.outputs.get(stage, {}) and mode in ("", *reasoning.MODES):
+            with open(ctx.outputs[stage]["data"]) as f:
+                stage_rows = [json.loads(line) for line in f]
+            if mode:
+                stage_rows = [
+                    {**r, "prompt": reasoning.set_mode(r["prompt"], mode)} for r in stage_rows
+                ]
+            rows += stage_rows
         else:
             raise ValueError(
-                f"unknown SFT data source {source!r}: use readable:N, think:N, no_think:N or "
-                "the name of an earlier sample stage"
+                f"unknown SFT data source {source!r}: use readable:N, think:N, no_think:N, "
+                "the name of an earlier sample stage, or STAGE@MODE"
             )
     return rows
 
@@ -307,7 +314,11 @@ class ThinkingBudgetStage:
 def run_thinking_budget_stage(
     s: ThinkingBudgetStage, ctx: PipelineContext, stage_dir: Path
 ) -> dict[str, str]:
-    from rlvr.pipelines.thinking_budget import format_table, plot_thinking_budget
+    from rlvr.pipelines.thinking_budget import (
+        format_table,
+        plot_thinking_budget,
+        think_mode_check,
+    )
     from rlvr.pipelines.thinking_budget import thinking_budget_curve as curve_of
 
     model, tokenizer = load_model(ctx.model_of(s.model))
@@ -321,7 +332,12 @@ def run_thinking_budget_stage(
     (stage_dir / "thinking_budget.json").write_text(json.dumps(curve, indent=2))
     (stage_dir / "thinking_budget.md").write_text(format_table(curve) + "\n")
     figure = plot_thinking_budget(curve, stage_dir / "thinking_budget.png")
-    return {"figure": str(figure)}
+    modes = think_mode_check(
+        model, tokenizer, rows, ctx.task.score, ctx.task.max_new_tokens,
+        modes=("default", "think", "no_think"),
+    )  # fmt: skip
+    (stage_dir / "modes.json").write_text(json.dumps(modes, indent=2))
+    return {"figure": str(figure), "modes": str(stage_dir / "modes.json")}
 
 
 # --- evaluation of a stage's model ------------------------------------------------------
@@ -367,9 +383,10 @@ def evaluate_stage_model(
         result[f"length{suffix}"] = _mean(
             len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions
         )
-        result[f"thinks{suffix}"] = _mean(
-            bool(reasoning.split_think(c)[1].strip()) for c in completions
-        )
+        if "no_think" in modes:  # whether the model thinks only matters when it may not
+            result[f"thinks{suffix}"] = _mean(
+                bool(reasoning.split_think(c)[1].strip()) for c in completions
+            )
     return result
 
 
