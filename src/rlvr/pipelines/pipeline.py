@@ -157,8 +157,9 @@ def run_pipeline(
         ctx.seconds[stage.name] = record["seconds"]
         if "model" in record["outputs"]:
             ctx.last_model = record["outputs"]["model"]
+        cached = record["outputs"].get("cached") == "true"  # a base trained by another run
         report.append({"stage": stage.name, "kind": stage.kind, "seconds": record["seconds"],
-                       **record["eval"]})  # fmt: skip
+                       "cached": cached, **record["eval"]})  # fmt: skip
         if record["eval"]:
             _say(progress, f"  {stage.name}: " + _one_line(record["eval"]))
     write_report(pipeline, report, out)
@@ -170,7 +171,9 @@ def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) ->
     from rlvr.report.plots import plot_pipeline
 
     (out / "report.json").write_text(json.dumps(report, indent=2))
-    measures = [k for k in report_columns(report) if k not in ("stage", "kind", "seconds")]
+    measures = [
+        k for k in report_columns(report) if k not in ("stage", "kind", "seconds", "cached")
+    ]
     lines = [
         f"# {pipeline.name}",
         "",
@@ -181,8 +184,9 @@ def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) ->
     ]
     for row in report:
         cells = [_cell(row.get(m)) for m in measures]
+        seconds = "cached" if row["cached"] else f"{row['seconds']:.0f}"
         lines.append(f"| {row['stage']} | {row['kind']} | " + " | ".join(cells)
-                     + f" | {row['seconds']:.0f} |")  # fmt: skip
+                     + f" | {seconds} |")  # fmt: skip
     (out / "report.md").write_text("\n".join(lines) + "\n")
     plot_pipeline(report, measures, out / "report.png", title=f"rlvr pipeline {pipeline.name}")
 

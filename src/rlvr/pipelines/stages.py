@@ -100,7 +100,7 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
     cached = cache_root(None) / f"reasoning-base-{digest}"
     if (cached / "config.json").exists():
-        return {"model": str(cached)}
+        return {"model": str(cached), "cached": "true"}
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(shape, tokenizer, seed=s.seed)
     train_next_token(

@@ -96,18 +96,21 @@ def plot_pipeline(
     """One bar panel per measure (accuracy, readability, length, ...) across a pipeline's
     stages, in stage order; stages without a model (sampling) are left blank."""
     stages = [r for r in report if any(m in r for m in measures)]
-    families = sorted({m.split("@")[0] for m in measures}, key=_family_order)
+    families = sorted({_family(m) for m in measures}, key=_family_order)
     fig, axes = plt.subplots(1, len(families), figsize=(3.6 * len(families), 3.8), dpi=120)
     axes = [axes] if len(families) == 1 else list(axes)
-    labels = [f"{r['stage']}\n{r['seconds']:.0f} s" for r in stages]
-    colors = ("#0f766e", "#d97706", "#6366f1")
+    labels = [
+        f"{r['stage']}\n" + ("cached" if r.get("cached") else f"{r['seconds']:.0f} s")
+        for r in stages
+    ]
+    colors = ("#0f766e", "#d97706", "#6366f1", "#db2777")
     for ax, family in zip(axes, families):
-        variants = [m for m in measures if m.split("@")[0] == family]
+        variants = [m for m in measures if _family(m) == family]
         width = 0.8 / len(variants)
         for j, measure in enumerate(variants):
             xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(stages))]
-            ax.bar(xs, [r.get(measure, 0.0) for r in stages], width, color=colors[j % 3],
-                   label=measure.replace("@", " /"))  # fmt: skip
+            ax.bar(xs, [r.get(measure, 0.0) for r in stages], width, color=colors[j % 4],
+                   label=measure.replace("accuracy", "greedy").replace("@", " /"))  # fmt: skip
         ax.set_xticks(range(len(stages)), labels, rotation=35, ha="right", fontsize=7)
         ax.set_title(family, fontsize=10)
         if family != "length":
@@ -124,6 +127,12 @@ def plot_pipeline(
     return path
 
 
+def _family(measure: str) -> str:
+    """The panel of a measure: greedy and sampled accuracy share one, in every mode."""
+    name = measure.split("@")[0]
+    return "accuracy" if name == "sampled" else name
+
+
 def _family_order(family: str) -> int:
-    order = ("accuracy", "sampled", "readability", "thinks", "length")
+    order = ("accuracy", "readability", "thinks", "length")
     return order.index(family) if family in order else len(order)
