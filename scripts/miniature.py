@@ -6,6 +6,10 @@ curve. Each run takes one to three minutes on two CPU cores.
     python scripts/miniature.py --data think      # clean thinking solutions only
     python scripts/miniature.py --data no_think   # `/no_think` answers only
     python scripts/miniature.py --data fused --curve docs/thinking_budget.png
+
+`--task.variable-steps` draws problems that need 1..digits steps (zero-padded prompts, see
+`rlvr.tasks.reasoning`); accuracy and the budget curve are then also reported per number of
+steps a problem needs.
 """
 
 from __future__ import annotations
@@ -100,7 +104,9 @@ def training_pairs(args: Args):
             )
 
 
-def evaluate(model, tokenizer, rows, budget, samples) -> dict[str, float]:
+def evaluate(model, tokenizer, rows, budget, samples, steps=None) -> dict[str, float]:
+    """Greedy and sampled accuracy, readability and tokens; with `steps` (the steps each row
+    needs) also greedy accuracy per number of steps."""
     out = {}
     for name, temperature, n in (("greedy", 0.0, 1), ("sampled", 1.0, samples)):
         batch = sample_completions(
@@ -116,7 +122,35 @@ def evaluate(model, tokenizer, rows, budget, samples) -> dict[str, float]:
         out[f"{name}_tokens"] = batch.lengths.mean().item()
         if name == "greedy":
             out["greedy_examples"] = batch.completions[:3]
+            if steps is not None:
+                out["greedy_acc_by_steps"] = {
+                    k: round(sum(s for s, j in zip(scores, steps) if j == k) / steps.count(k), 3)
+                    for k in sorted(set(steps))
+                }
     return out
+
+
+def budget_curve(model, tokenizer, rows, spec, budgets, digits, steps=None):
+    """The greedy thinking-budget curve; with `steps`, computed per number of needed steps
+    (returned as {k: curve}) and combined by weight into the overall curve."""
+    groups = {None: rows} if steps is None else {
+        k: [r for r, j in zip(rows, steps) if j == k] for k in sorted(set(steps))
+    }  # fmt: skip
+    curves = {
+        k: thinking_budget_curve(
+            model, tokenizer, group, spec.score, budgets, max_answer_tokens=digits + 2
+        )
+        for k, group in groups.items()
+    }
+    if steps is None:
+        return curves[None], {}
+    overall = []
+    for i, budget in enumerate(budgets):
+        point = {"budget": budget}
+        for key in ("accuracy", "thinking_tokens", "total_tokens", "forced_frac"):
+            point[key] = sum(curves[k][i][key] * len(groups[k]) for k in groups) / len(rows)
+        overall.append(point)
+    return overall, curves
 
 
 def main(args: Args) -> None:
@@ -146,9 +180,14 @@ def main(args: Args) -> None:
     modes = ["no_think"] if args.data == "no_think" else ["default"]
     if args.data == "fused":
         modes = ["default", "no_think"]
+    steps = [reasoning.thinking_steps(p) for p in problems] if args.task.variable_steps else None
+    if steps:
+        report["held_out_by_steps"] = {k: steps.count(k) for k in sorted(set(steps))}
     for mode in modes:
         rows = reasoning.rows(problems, mode)
-        report[mode] = evaluate(model, tokenizer, rows, spec.max_new_tokens, args.eval_samples)
+        report[mode] = evaluate(
+            model, tokenizer, rows, spec.max_new_tokens, args.eval_samples, steps
+        )
     if args.data == "fused":
         report["mode_check"] = think_mode_check(
             model, tokenizer, reasoning.rows(problems), spec.score, spec.max_new_tokens,
@@ -157,10 +196,13 @@ def main(args: Args) -> None:
     print(json.dumps(report, indent=1))
     if args.curve:
         budgets = [None if b < 0 else b for b in args.budgets]
-        curve = thinking_budget_curve(
-            model, tokenizer, reasoning.rows(problems), spec.score, budgets,
-            max_answer_tokens=args.task.digits + 2,
-        )  # fmt: skip
+        curve, by_steps = budget_curve(
+            model, tokenizer, reasoning.rows(problems), spec, budgets, args.task.digits, steps
+        )
+        for k, part in by_steps.items():
+            print(f"problems needing {k} step(s) ({steps.count(k)}):")
+            print(format_table(part))
+        print("all held-out problems:")
         print(format_table(curve))
         title = f"{args.data} model, {spec.describe}, greedy, {len(problems)} held-out problems"
         plot_thinking_budget(curve, args.curve, title=title)

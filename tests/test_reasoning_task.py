@@ -1,5 +1,7 @@
 import itertools
 import random
+import re
+from collections import Counter
 
 import pytest
 
@@ -183,3 +185,87 @@ def test_mode_following_reward_pays_for_obeying_the_switch():
         "1+2+0=03 3",  # no think block at all
     ]
     assert mode_following_reward(prompts, completions) == [1.0, 0.0, 1.0, 0.0, 0.0]
+
+
+# --- variable_steps ------------------------------------------------------------------------
+
+VARIABLE = ReasoningTaskConfig(variable_steps=True)
+
+
+@pytest.mark.parametrize(
+    "a, b, prompt, completion",
+    [
+        (7, 45, "007+045=", "<think>7+5+0=12 0+4+1=05</think>52"),
+        (7, 5, "007+005=", "<think>7+5+0=12</think>12"),  # the carry out is the tens digit
+        (95, 7, "095+007=", "<think>5+7+0=12 9+0+1=10</think>102"),
+        (105, 3, "105+003=", "<think>5+3+0=08 0+0+0=00 1+0+0=01</think>108"),  # inner zeros
+        (0, 0, "000+000=", "<think>0+0+0=00</think>0"),
+        (357, 468, "357+468=", CLEAN),  # full width: the default format's solution
+    ],
+)
+def test_variable_steps_solutions_stop_after_the_last_real_column(a, b, prompt, completion):
+    problem = reasoning.PaddedProblem(a, b, "+", 3)
+    assert problem.prompt == prompt
+    assert flawed_solution(problem, 0.0, 0.0) == completion
+    assert verify(completion, problem.answer)[0] == 1.0 and readability(completion) == 1.0
+    assert verify(completion.replace("</think>", "</think>0"), problem.answer)[0] == 0.0
+    steps = completion.split("<think>")[1].split("</think>")[0].split()
+    assert reasoning.thinking_steps(problem) == len(steps)
+    # the budget of k steps holds the whole chain exactly when the problem needs <= k steps
+    budget = reasoning.step_budgets(3)[len(steps)]
+    assert len(" ".join(steps)) == budget
+
+
+def test_variable_steps_prompts_are_padded_and_steps_are_spread():
+    held = held_out_problems(VARIABLE)
+    train = list(itertools.islice(train_problems(VARIABLE, seed=0), 3000))
+    assert len(set(held)) == 200 and not set(held).intersection(train)
+    for problem in held + train[:500]:
+        assert re.fullmatch(r"\d{3}\+\d{3}=", problem.prompt)
+        assert problem.answer == str(problem.a + problem.b)  # no leading zeros
+    counts = Counter(map(reasoning.thinking_steps, train))
+    assert set(counts) == {1, 2, 3}
+    # 1-step problems are only 100, and the held-out set takes some: fewer than a third
+    assert counts[1] > 0.15 * len(train) and min(counts[2], counts[3]) > 0.3 * len(train)
+    held_steps = Counter(map(reasoning.thinking_steps, held))
+    assert min(held_steps.values()) > 30
+    spec = task_spec(VARIABLE)
+    assert [r["prompt"] for r in spec.held_out_rows()] == [p.prompt for p in held]
+    assert spec.min_new_tokens == max_completion_tokens(3)
+    held_prompts = {p.prompt for p in held}
+    corpus = [p for p, _ in itertools.islice(spec.corpus(1, 0.65), 2000)]
+    rows = [r["prompt"] for r in itertools.islice(spec.train_rows(1), 2000)]
+    assert not held_prompts.intersection(corpus + rows)
+
+
+def test_variable_steps_corpus_and_sft_data_follow_the_option():
+    corpus = task_spec(VARIABLE).corpus(0, 0.65)
+    for prompt, completion in itertools.islice(corpus, 300):
+        assert re.fullmatch(r"\d{3}\+\d{3}=", prompt)
+        a, b = map(int, prompt.rstrip("=").split("+"))
+        steps = reasoning.split_think(completion)[1].split()
+        assert len(steps) == reasoning.thinking_steps(Problem(a, b, "+"))
+    # a slip and letters on a short problem
+    problem = reasoning.PaddedProblem(58, 67, "+", 3)
+    slipped = flawed_solution(problem, 1.0, 0.0, random.Random(0))
+    assert slipped == "<think>8+7+0=15 5+6+0=11</think>115"
+    lettered = flawed_solution(problem, 0.0, 1.0, random.Random(0))
+    assert lettered == "<think>i+h+a=bf f+g+b=bc</think>125"
+    for prompt, completion in readable_solutions(VARIABLE, 30, seed=3, mode="think"):
+        a, b = map(int, prompt.removeprefix("/think ").rstrip("=").split("+"))
+        assert re.fullmatch(r"/think \d{3}\+\d{3}=", prompt)
+        assert verify(completion, str(a + b))[0] == 1.0 and readability(completion) == 1.0
+    for prompt, completion in no_think_examples(VARIABLE, 30, seed=3):
+        assert re.fullmatch(r"/no_think \d{3}\+\d{3}=", prompt)
+        a, b = map(int, prompt.removeprefix("/no_think ").rstrip("=").split("+"))
+        assert completion == f"<think></think>{a + b}"
+
+
+def test_default_config_is_unchanged():
+    assert ReasoningTaskConfig().variable_steps is False
+    held = held_out_problems(ReasoningTaskConfig())
+    assert all(type(p) is Problem and 100 <= min(p.a, p.b) for p in held)
+    # the draws the documented numbers were measured on (the arithmetic task's)
+    assert [p.prompt for p in held[:3]] == ["896+551=", "107+192=", "787+809="]
+    assert next(train_problems(ReasoningTaskConfig(), seed=0)).prompt == "964+494="
+    assert task_spec(ReasoningTaskConfig()).describe == "3-digit addition with <think>"

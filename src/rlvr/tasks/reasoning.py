@@ -47,11 +47,31 @@ scores 0: the reward is for readable reasoning, not for skipping it, so use it w
 prompts. `format_consistency_reward` is the same in TRL's reward signature.
 
 Problems are drawn by `rlvr.tasks.arithmetic` (addition only), so held-out and training problems
-never coincide, exactly as there.
+never coincide, exactly as there (with `variable_steps`, by this module's draw, excluded the
+same way).
+
+Variable thinking length (`variable_steps`)
+-------------------------------------------
+By default every problem has `digits`-digit operands and needs all `digits` steps, so a thinking
+budget below the full chain leaves the answer's digits in the wrong places: the budget curve is
+a cliff. With `variable_steps` the number of steps a problem needs, k, is uniform in
+1..`digits`: both operands are below 10**k and the longer has k real digits; both are
+zero-padded to the full width in the prompt, so the digit to copy stays at a fixed offset::
+
+    007+045=   ->  <think>7+5+0=12 0+4+1=05</think>52        (2 steps)
+    007+005=   ->  <think>7+5+0=12</think>12                 (1 step)
+    357+468=   ->  <think>7+8+0=15 5+6+1=12 3+4+1=08</think>825
+
+The solution stops after the last column in which an operand has a real digit: the carry out of
+it is the last step's tens digit, exactly as in the full-width format (a full-width problem's
+solution is unchanged), so no problem needs more than `digits` steps. A budget of
+`step_budgets(digits)[k]` tokens then holds the whole chain of every problem that needs at most
+k steps. The answer has no leading zeros, as always.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import random
 import re
@@ -63,12 +83,13 @@ from typing import Any
 
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ANSWER_MARKER, ArithmeticTaskConfig, Problem
-from rlvr.tasks.spec import Row, TaskSpec
+from rlvr.tasks.spec import Row, TaskSpec, distinct_draws, draws_excluding
 from rlvr.verifiers.format import THINK_CLOSE, THINK_OPEN, completion_text
 
 __all__ = [
     "MODES",
     "REASONS",
+    "PaddedProblem",
     "ReasoningTaskConfig",
     "flawed_solution",
     "cut_solution",
@@ -87,6 +108,7 @@ __all__ = [
     "step_budgets",
     "task_spec",
     "think_completion",
+    "thinking_steps",
     "to_letters",
     "train_problems",
     "verify",
@@ -127,6 +149,22 @@ class ReasoningTaskConfig:
     """Number of held-out problems (never used for training)."""
     held_out_seed: int = 1234
     """Seed of the held-out draw; fixed so that every run evaluates on the same problems."""
+    variable_steps: bool = False
+    """Problems need 1..`digits` steps (uniform), operands zero-padded to `digits` in the prompt
+    (`007+045=`); the solution stops after the last column with a real digit (module
+    docstring). Off: every problem needs all `digits` steps."""
+
+
+@dataclass(frozen=True)
+class PaddedProblem(Problem):
+    """An addition whose prompt writes both operands zero-padded to `width` digits
+    (`007+045=`); the worked solution and the answer are those of the plain numbers."""
+
+    width: int = 1
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.a:0{self.width}d}{self.op}{self.b:0{self.width}d}="
 
 
 # --- prompts and completions ---------------------------------------------------------------
@@ -173,6 +211,11 @@ def flawed_solution(
     return think_completion(mixed, final)
 
 
+def thinking_steps(problem: Problem) -> int:
+    """Steps of `problem`'s clean solution: the longer operand's number of digits."""
+    return max(len(str(problem.a)), len(str(problem.b)))
+
+
 def max_completion_tokens(digits: int) -> int:
     """Tokens of the longest correct thinking completion, EOS included."""
     steps = digits * _STEP_CHARS + (digits - 1)
@@ -191,14 +234,37 @@ def _arithmetic_config(config: ReasoningTaskConfig) -> ArithmeticTaskConfig:
     )
 
 
+def _draw_variable(rng: random.Random, digits: int) -> PaddedProblem:
+    """k uniform in 1..digits, then operands below 10**k, at least one of them with k digits
+    (0 counts as one digit)."""
+    k = rng.randint(1, digits)
+    low, high = (10 ** (k - 1) if k > 1 else 0), 10**k - 1
+    while True:
+        a, b = rng.randint(0, high), rng.randint(0, high)
+        if max(a, b) >= low:
+            return PaddedProblem(a, b, "+", digits)
+
+
 def held_out_problems(config: ReasoningTaskConfig) -> list[Problem]:
-    """The fixed held-out problems (the arithmetic task's draw, addition only)."""
-    return arithmetic.held_out_problems(_arithmetic_config(config))
+    """The fixed held-out problems (the arithmetic task's draw, addition only; with
+    `variable_steps`, zero-padded problems of 1..digits steps, distinct, from the same seed)."""
+    if not config.variable_steps:
+        return arithmetic.held_out_problems(_arithmetic_config(config))
+    arithmetic._check_config(_arithmetic_config(config))  # the full-width space bounds the size
+    draw = functools.partial(_draw_variable, digits=config.digits)
+    return distinct_draws(draw, _identity, config.held_out_size, config.held_out_seed)
 
 
 def train_problems(config: ReasoningTaskConfig, seed: int) -> Iterator[Problem]:
     """An endless seeded stream of training problems, none of them held out."""
-    return arithmetic.train_problems(_arithmetic_config(config), seed)
+    if not config.variable_steps:
+        return arithmetic.train_problems(_arithmetic_config(config), seed)
+    draw = functools.partial(_draw_variable, digits=config.digits)
+    return draws_excluding(draw, _identity, set(held_out_problems(config)), seed)
+
+
+def _identity(problem: Problem) -> Problem:
+    return problem
 
 
 def rows(problems: list[Problem], mode: str = "default") -> list[Row]:
@@ -360,6 +426,7 @@ def task_spec(config: ReasoningTaskConfig) -> TaskSpec:
         return ({"prompt": p.prompt, "answer": p.answer} for p in train_problems(config, seed))
 
     longest = max_completion_tokens(config.digits)
+    variable = f", 1..{config.digits} steps" if config.variable_steps else ""
     return TaskSpec(
         name="reasoning",
         held_out_rows=lambda: rows(held_out_problems(config)),
@@ -368,6 +435,6 @@ def task_spec(config: ReasoningTaskConfig) -> TaskSpec:
         reward_fn=reasoning_reward,
         score=lambda completion, row: score(completion, row["answer"]),
         max_new_tokens=longest + 8,
-        describe=f"{config.digits}-digit addition with <think>",
+        describe=f"{config.digits}-digit addition with <think>" + variable,
         min_new_tokens=longest,
     )
