@@ -61,6 +61,7 @@ def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
     for row in report:
         if row["kind"] in ("base", "sft", "grpo"):
             assert 0 <= row["accuracy"] <= 1 and 0 <= row["readability@no_think"] <= 1
+            assert 0 <= row["obeys@no_think"] <= 1 and 0 <= row["sampled"] <= 1
             assert row["length"] > 0
     assert (out / "report.png").exists() and "| cold | sft |" in (out / "report.md").read_text()
     assert (out / "05-budget" / "thinking_budget.png").exists()

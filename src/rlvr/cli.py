@@ -61,6 +61,8 @@ class PipelineConfig:
     skips finished stages."""
     list: bool = False
     """List the built-in pipelines and their stages, then exit."""
+    reevaluate: bool = False
+    """Evaluate the models of finished stages again (e.g. after changing the evaluation)."""
     progress: bool = True
     """Show progress bars."""
 
@@ -283,7 +285,7 @@ def pipeline(config: PipelineConfig) -> None:
         return
     spec = load_pipeline(config.pipeline)
     out = config.out_dir or f"runs/pipeline-{spec.name}"
-    run_pipeline(spec, out, progress=config.progress)
+    run_pipeline(spec, out, progress=config.progress, reevaluate=config.reevaluate)
     print(f"[rlvr] report: {out}/report.md, figure: {out}/report.png")
 
 

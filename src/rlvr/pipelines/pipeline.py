@@ -122,9 +122,10 @@ def stage_key(pipeline: Pipeline, index: int) -> dict[str, Any]:
 
 
 def run_pipeline(
-    pipeline: Pipeline, out_dir: str | Path, progress: bool = True
+    pipeline: Pipeline, out_dir: str | Path, progress: bool = True, reevaluate: bool = False
 ) -> list[dict[str, Any]]:
-    """Run (or resume) `pipeline` under `out_dir`; returns the report rows."""
+    """Run (or resume) `pipeline` under `out_dir`; returns the report rows. With
+    `reevaluate`, finished stages are not re-run but their models are evaluated afresh."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     task = reasoning.task_spec(pipeline.task)
@@ -137,6 +138,11 @@ def run_pipeline(
         record = json.loads(record_path.read_text()) if record_path.exists() else None
         if record is not None and record["key"] == key:
             _say(progress, f"stage {stage.name}: finished earlier, skipped")
+            if reevaluate and "model" in record["outputs"]:
+                record["eval"] = stages.evaluate_stage_model(
+                    record["outputs"]["model"], ctx, pipeline.eval_modes
+                )
+                record_path.write_text(json.dumps(record, indent=2))
         else:
             shutil.rmtree(stage_dir, ignore_errors=True)  # a changed or half-done stage
             stage_dir.mkdir(parents=True)

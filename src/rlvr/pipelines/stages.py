@@ -361,8 +361,10 @@ def evaluate_stage_model(
     """Per thinking mode, on the held-out rows: greedy accuracy, sampled pass@1 at T = 1
     (`sampled` completions per problem), readability (share of digit-notation steps in the
     think block, mean over greedy completions), mean greedy completion length in tokens (EOS
-    excluded) and the share of non-empty think blocks. `default` mode carries no suffix, other
-    modes `@mode` (e.g. accuracy@no_think)."""
+    excluded) and, when `no_think` is among the modes, the share of completions that obey the
+    mode (`follows_mode`: a well-formed empty think block for /no_think, a non-empty one
+    otherwise). `default` mode carries no suffix, other modes `@mode` (e.g.
+    accuracy@no_think)."""
     from rlvr.train.evaluate import held_out_accuracy
 
     model, tokenizer = load_model(model_dir)
@@ -383,9 +385,9 @@ def evaluate_stage_model(
         result[f"length{suffix}"] = _mean(
             len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions
         )
-        if "no_think" in modes:  # whether the model thinks only matters when it may not
-            result[f"thinks{suffix}"] = _mean(
-                bool(reasoning.split_think(c)[1].strip()) for c in completions
+        if "no_think" in modes:  # obeying the mode only matters when it may not think
+            result[f"obeys{suffix}"] = _mean(
+                reasoning.follows_mode(r["prompt"], c) for c, r in zip(completions, rows)
             )
     return result
 

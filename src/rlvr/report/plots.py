@@ -134,5 +134,5 @@ def _family(measure: str) -> str:
 
 
 def _family_order(family: str) -> int:
-    order = ("accuracy", "readability", "thinks", "length")
+    order = ("accuracy", "readability", "obeys", "length")
     return order.index(family) if family in order else len(order)
