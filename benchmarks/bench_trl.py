@@ -321,7 +321,7 @@ def run_setting(name: str, args) -> dict:
     spec = {
         "digits": digits, "base_dir": str(base_dir), "steps": steps, "schedule": schedule,
         "prompts": args.prompts, "group": 8, "budget": task.max_new_tokens, "lr": args.lr,
-        "seed": 0, "held_out": args.held_out, "eval_samples": args.eval_samples,
+        "seed": args.seed, "held_out": args.held_out, "eval_samples": args.eval_samples,
         "eval_base": False, "trl_generation_threads": 0,
     }  # fmt: skip
     common.say(f"[bench] {name}: {task.describe}, base {base_how}, schedule {schedule}")
@@ -477,6 +477,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10, help="alternations per setting")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step (x 8)")
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--seed", type=int, default=0, help="seeds sampling and the prompts")
     parser.add_argument("--held-out", type=int, default=200, help="held-out problems")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per problem")
     parser.add_argument(
