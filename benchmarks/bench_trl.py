@@ -9,13 +9,35 @@
 Settings: `lab` is the lab's task (3-digit addition, worked solutions of about 37 tokens);
 `long` is the same task with 12-digit operands (worked solutions of about 125 tokens). Each
 starts from the lab's base model for that task, built by the lab's own function and cached
-(`rlvr.pipelines.lab.build_base_model`; the 12-digit one takes a few minutes the first time).
+(`rlvr.pipelines.lab.build_base_model`; the 12-digit one takes about 7 minutes the first time).
+The 12-digit base writes well-formed ~126-token solutions but solves nothing (held-out accuracy
+0), so in `long` every reward is 0, every group has zero variance and both frameworks run a full
+update of zero advantages: it measures throughput, not learning. (An implementation that skipped
+zero-advantage rows would skip that whole update; compare such a change on `lab`.) `--quick`
+uses a randomly initialised model where a base is not cached yet.
 
 Both frameworks train the same weights with the same tokenizer (the base directory's, loaded by
 `rlvr.models.tiny.load_model`), on the same prompt sequence, with the lab's strict math reward
 (`task.reward_fn`, TRL's signature): 16 prompts x 8 completions per step, the task's completion
 budget, temperature 1, AdamW at a constant lr (1e-4), gradient clip 1, beta = 0, mu = 1,
 token-mean loss, group-std-scaled advantages, clip epsilon 0.2.
+
+TRL's configuration, choice by choice: `use_cpu`, `bf16=False`, `gradient_checkpointing=False`,
+`max_completion_length` = the budget, `learning_rate` set (its GPU defaults are bf16, gradient
+checkpointing, a 512-token budget and lr 1e-6); `per_device_train_batch_size=128` (it counts
+completions) with `num_generations=8` and no accumulation: one generation and one optimizer step
+per step, as rlvr; `lr_scheduler_type="constant"` (its default decays linearly to 0; rlvr's lr
+is constant); `loss_type="dapo"` (its default: the token-mean over the batch, as rlvr's
+`aggregation="token-mean"`), `scale_rewards="group"`, `epsilon=0.2`, `beta=0`,
+`num_iterations=1`, `weight_decay=0`, `max_grad_norm=1`, `top_k=0`, `top_p=1`;
+`shuffle_dataset=False` so it sees rlvr's prompt order. In TRL's favour: `logging_strategy="no"`
+(its default logs every 10 steps), no checkpoints (rlvr writes one at the end, its default, and
+logs metrics, samples and the hacking monitor every step), and its own default optimizer, the
+fused AdamW (rlvr uses `torch.optim.AdamW` as it comes). TRL also computes token entropies in
+its loss pass, as it always does. Its step time is the wall time between the ends of
+consecutive optimizer steps (data loading, generation, rewards, loss, backward, optimizer);
+rlvr's is the wall time between the starts of consecutive steps of `train_grpo` (the same, plus
+its logging).
 
 Each framework runs in its own child process (its own peak memory), and they take turns: round
 1 runs rlvr for steps/rounds steps while TRL's process waits (blocked on a pipe, no CPU), then
