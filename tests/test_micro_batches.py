@@ -1,3 +1,4 @@
+import copy
 import dataclasses
 import itertools
 
@@ -115,3 +116,40 @@ def test_monitor_compares_the_correctness_reward_not_format_bonuses():
     gamed = monitor_hacking(math_reward, rows, batch, torch.zeros(4), config, weak)
     assert gamed["monitor/train_reward"] == 0.75 and gamed["monitor/strict_acc"] == 0.5
     assert gamed["monitor/flagged"] == 1.0
+
+
+def test_rows_of_zero_variance_groups_are_skipped_without_changing_the_gradient():
+    from rlvr import algo
+    from rlvr.models.logprobs import completion_logprobs
+
+    tokenizer = build_char_tokenizer()
+    policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), tokenizer, seed=0)
+    initial = copy.deepcopy(policy)
+    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2)
+    models = build_models(policy, config)
+    problems = train_problems(ArithmeticTaskConfig(digits=2), seed=0)
+
+    def next_rows():
+        return [{"prompt": p.prompt, "answer": p.answer} for p in itertools.islice(problems, 4)]
+
+    def half_constant(prompts, completions, **_):  # groups 0 and 2 all equal: zero variance
+        return [0.5 if i // 4 in (0, 2) else len(c) % 3 / 2 for i, c in enumerate(completions)]
+
+    generator = torch.Generator().manual_seed(0)
+    metrics, batch, _, rewards = grpo_step(
+        models, tokenizer, next_rows, [half_constant], [1.0], config, generator, 1
+    )
+    assert 0.5 <= metrics["update/rows_skipped_frac"] < 1.0
+    # the reference: one pass over every row, from the initial weights
+    advantages = algo.ADVANTAGE_ESTIMATORS["grpo"](rewards, batch.group_ids, scale_rewards="group")
+    cols = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    logp = completion_logprobs(initial, *cols, 1.0)
+    loss, _ = algo.policy_loss(
+        logp, batch.logprobs, advantages, batch.completion_mask, epsilon_low=0.2,
+        epsilon_high=0.2, aggregation="token-mean",
+    )  # fmt: skip
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(initial.parameters(), 1.0)
+    assert metrics["loss"] == pytest.approx(loss.item(), abs=1e-6)
+    for a, b in zip(initial.parameters(), policy.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)

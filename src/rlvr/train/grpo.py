@@ -331,23 +331,40 @@ def grpo_step(
     # (no forward pass for the old log-probs: the sampler kept them, also for mu > 1)
     models.policy.train()
     beta_in_loss = 0.0 if config.kl_in_reward else config.beta
-    parts = token_budget_micro_batches(
-        batch.prompt_mask.sum(dim=1), batch.lengths, config.micro_batch_tokens
-    )
+    # rows whose advantage is exactly 0 (every row of a zero-variance group) add nothing to
+    # the loss or its gradient unless a KL term is in the loss: they get no forward pass
+    carrying = torch.arange(len(rewards))
+    if beta_in_loss == 0 and advantages.dim() == 1:
+        carrying = (advantages != 0).nonzero().squeeze(1)
+    parts = [
+        carrying[part]
+        for part in token_budget_micro_batches(
+            batch.prompt_mask.sum(dim=1)[carrying],
+            batch.lengths[carrying],
+            config.micro_batch_tokens,
+        )  # fmt: skip
+        if len(part) > 0
+    ]
+    whole = len(parts) == 1 and len(carrying) == len(rewards)
     # every micro-batch's loss keeps the whole step's divisors: the summed gradient is the
-    # gradient of one pass over the batch
+    # gradient of one pass over the whole batch
     step_divisors = (
-        {"num_tokens": max(1.0, loss_mask.sum().item()), "num_seqs": float(len(rewards))}
-        if len(parts) > 1
-        else {}
+        {}
+        if whole
+        else {"num_tokens": max(1.0, loss_mask.sum().item()), "num_seqs": float(len(rewards))}
     )
     timings = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "critic": 0.0}
     for _ in range(config.mu):
         models.optimizer.zero_grad(set_to_none=True)
         loss_value, loss_metrics = 0.0, {}
+        if not parts:  # nothing carries a gradient: the optimizer still steps (Adam momentum)
+            for p in models.policy.parameters():
+                p.grad = torch.zeros_like(p)
+            loss_metrics = {"policy/clip_frac": 0.0, "policy/approx_kl": 0.0}
+        carried_tokens = max(1.0, loss_mask[carrying].sum().item())
         for part in parts:
             cols_mb, (old_mb, adv_mb, mask_mb, ref_mb) = _micro_batch(
-                batch, part, len(parts) > 1, batch.logprobs, advantages, loss_mask, ref_logp
+                batch, part, not whole, batch.logprobs, advantages, loss_mask, ref_logp
             )
             t_fwd = time.perf_counter()
             logp = completion_logprobs(models.policy, *cols_mb, config.temperature)
@@ -363,8 +380,9 @@ def grpo_step(
             timings["forward"] += t_bwd - t_fwd
             timings["backward"] += time.perf_counter() - t_bwd
             loss_value += loss.item()
-            share = mask_mb.sum().item() / max(1.0, loss_mask.sum().item())
-            for key, value in metrics_mb.items():  # token-weighted means over micro-batches
+            share = mask_mb.sum().item() / carried_tokens
+            # policy/* metrics: token-weighted means over the rows that carry a gradient
+            for key, value in metrics_mb.items():
                 loss_metrics[key] = loss_metrics.get(key, 0.0) + share * value
         t_opt = time.perf_counter()
         grad_norm = torch.nn.utils.clip_grad_norm_(models.policy.parameters(), config.grad_clip)
@@ -407,6 +425,7 @@ def grpo_step(
             "grad_norm": grad_norm.item(),
             "lr": models.optimizer.param_groups[0]["lr"],
             "update/micro_batches": float(len(parts)),
+            "update/rows_skipped_frac": 1.0 - len(carrying) / len(rewards),
             "time/ref_logprobs_s": ref_s,
             "time/advantage_s": t2 - t1 - ref_s,
             "time/forward_s": timings["forward"],
