@@ -35,6 +35,26 @@ def lab_setup(digits: int):
     return config, build_task(config)
 
 
+def digit_credit_reward(prompts, completions, answer, **_) -> list[float]:
+    """Partial credit (TRL's signature): the share of the reference's digits that the final
+    answer (`#### X`, as the strict verifier extracts it) has in the same place, counted from
+    the right. The `long` setting's base solves nothing, so the strict reward is 0 everywhere;
+    this one still differs within groups, so both frameworks do a real update."""
+    from rlvr.verifiers.math import extract_final_answer
+
+    out = []
+    for completion, reference in zip(completions, answer):
+        final = extract_final_answer(completion) or ""
+        pairs = zip(reversed(final.strip()), reversed(reference))
+        out.append(sum(a == b for a, b in pairs) / len(reference))
+    return out
+
+
+def reward_fn(spec: dict, task):
+    """The training reward of a setting: the task's strict verifier, or digit credit."""
+    return digit_credit_reward if spec.get("reward") == "digits" else task.reward_fn
+
+
 def base_model_dir(config, task, random_init: bool = False) -> tuple[Path, str]:
     """(directory, how it was made) of the base model: the lab's own cached base, built by the
     lab's function when missing, or (random_init) a freshly initialised model of the same

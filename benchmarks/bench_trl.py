@@ -11,16 +11,18 @@ Settings: `lab` is the lab's task (3-digit addition, worked solutions of about 3
 starts from the lab's base model for that task, built by the lab's own function and cached
 (`rlvr.pipelines.lab.build_base_model`; the 12-digit one takes about 7 minutes the first time).
 The 12-digit base writes well-formed ~126-token solutions but solves nothing (held-out accuracy
-0), so in `long` every reward is 0, every group has zero variance and both frameworks run a full
-update of zero advantages: it measures throughput, not learning. (An implementation that skipped
-zero-advantage rows would skip that whole update; compare such a change on `lab`.) `--quick`
-uses a randomly initialised model where a base is not cached yet.
+0): under the strict reward every group would have zero variance and rlvr, which leaves
+zero-advantage rows out of the update, would skip it entirely. So `long` trains both
+frameworks on a partial-credit reward (`_common.digit_credit_reward`: the share of the
+answer's digits in the right place), whose groups do differ: both do a real update. It measures
+throughput, not learning. `--quick` uses a randomly initialised model where a base is not
+cached yet.
 
 Both frameworks train the same weights with the same tokenizer (the base directory's, loaded by
-`rlvr.models.tiny.load_model`), on the same prompt sequence, with the lab's strict math reward
-(`task.reward_fn`, TRL's signature): 16 prompts x 8 completions per step, the task's completion
-budget, temperature 1, AdamW at a constant lr (1e-4), gradient clip 1, beta = 0, mu = 1,
-token-mean loss, group-std-scaled advantages, clip epsilon 0.2.
+`rlvr.models.tiny.load_model`), on the same prompt sequence, with the lab's strict math
+reward (`task.reward_fn`, TRL's signature; digit credit in `long`): 16 prompts x 8 completions
+per step, the task's completion budget, temperature 1, AdamW at a constant lr (1e-4), gradient
+clip 1, beta = 0, mu = 1, token-mean loss, group-std-scaled advantages, clip epsilon 0.2.
 
 TRL's configuration, choice by choice: `use_cpu`, `bf16=False`, `gradient_checkpointing=False`,
 `max_completion_length` = the budget, `learning_rate` set (its GPU defaults are bf16, gradient
@@ -167,7 +169,7 @@ def child_rlvr(spec: dict) -> None:
     _send({"ready": True, "base_eval": base_eval, "shape": common.model_shape(model),
            "imports_rss_mb": imports_mb})  # fmt: skip
     train_grpo(
-        model, tokenizer, rows(), [task.reward_fn], config, run,
+        model, tokenizer, rows(), [common.reward_fn(spec, task)], config, run,
         evaluate=lambda m: {},  # held-out accuracy is measured once, after the last step
         seed=spec["seed"], progress=False, strict_reward_fn=task.reward_fn,
     )  # fmt: skip
@@ -188,6 +190,7 @@ def _rlvr_step(record: dict, wall: float, spec: dict) -> dict:
         "completion_tokens": record["completion/len_mean"] * n,
         "completion_width": record["completion/len_max"],
         "reward": record["reward/mean"],
+        "rows_updated_frac": 1.0 - record.get("update/rows_skipped_frac", 0.0),
     }
 
 
@@ -227,7 +230,7 @@ def child_trl(spec: dict) -> None:
     model.generate = timed_generate
 
     def strict_math(prompts, completions, completion_ids, **columns):
-        rewards = task.reward_fn(prompts, completions, **columns)
+        rewards = common.reward_fn(spec, task)(prompts, completions, **columns)
         tokens[0] += sum(len(ids) for ids in completion_ids)  # EOS included, as in rlvr
         tokens[1] += sum(rewards)
         return rewards
@@ -345,6 +348,7 @@ def run_setting(name: str, args) -> dict:
         "prompts": args.prompts, "group": 8, "budget": task.max_new_tokens, "lr": args.lr,
         "seed": args.seed, "held_out": args.held_out, "eval_samples": args.eval_samples,
         "eval_base": False, "trl_generation_threads": 0,
+        "reward": "digits" if name == "long" else "strict",
     }  # fmt: skip
     common.say(f"[bench] {name}: {task.describe}, base {base_how}, schedule {schedule}")
     children = {"rlvr": Child("rlvr", {**spec, "eval_base": True})}
@@ -416,8 +420,12 @@ def _rates(result: dict) -> dict:
     ceiling = common.median(result["matmul_gflops"])
     out = {"matmul_gflops": ceiling}
     rl = result["frameworks"]["rlvr"]["steps"]
+    # rows of zero advantage get no forward/backward in rlvr: count the rows it updated on
     update = common.median(
-        common.update_flops(shape, n, p + s["completion_width"]) / s["update_s"] for s in rl
+        common.update_flops(shape, n * s["rows_updated_frac"], p + s["completion_width"])
+        / s["update_s"]
+        for s in rl
+        if s["rows_updated_frac"] > 0
     )
     out["rlvr_update_gflops"] = update / 1e9
     for k, fw in result["frameworks"].items():
