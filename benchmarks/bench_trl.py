@@ -47,10 +47,10 @@ TRL for as many; round 2 starts with TRL, and so on; so load from other jobs on 
 falls on both alike. The parent measures the machine's large-matmul rate (2048^2 fp32, 2
 threads) between rounds.
 
-Threads, each framework's own default on this machine: rlvr samples on 1 thread and updates on
-2 (`GRPOConfig.generation_threads`, the lab's `threads`); TRL runs on torch's default, 2 (one
-per core). `--trl-generation-threads 0 1` adds a third run, TRL given rlvr's policy (1 thread
-inside its `model.generate`), to separate that choice from the rest. Every process gets
+Threads, each framework's own default on this machine: rlvr updates on 2 and samples on 1 up to
+a 64-token budget, on 2 beyond (`GRPOConfig.generation_threads`, the lab's `threads`); TRL runs
+on torch's default, 2 (one per core). `--trl-generation-threads 0 1` adds a third run, TRL
+sampling on 1 thread, to separate that choice from the rest. Every process gets
 OMP_WAIT_POLICY=PASSIVE (rlvr's CLI sets it; TRL gets it too: with OpenMP's default busy-wait
 and other jobs on the CPU, a 2-thread greedy evaluation here took 52 s instead of 4.7 s).
 

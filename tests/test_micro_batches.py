@@ -153,3 +153,11 @@ def test_rows_of_zero_variance_groups_are_skipped_without_changing_the_gradient(
     assert metrics["loss"] == pytest.approx(loss.item(), abs=1e-6)
     for a, b in zip(initial.parameters(), policy.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_generation_threads_follow_the_budget_unless_set():
+    from rlvr.train.grpo import generation_threads
+
+    assert generation_threads(GRPOConfig(max_new_tokens=48), 2) == 1
+    assert generation_threads(GRPOConfig(max_new_tokens=138), 2) == 2
+    assert generation_threads(GRPOConfig(max_new_tokens=138, generation_threads=1), 2) == 1

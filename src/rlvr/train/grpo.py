@@ -132,8 +132,11 @@ class GRPOConfig:
     the curve moves fastest), before the first step and after the last."""
     samples_per_step: int = 4
     """Completions written to samples.jsonl per step."""
-    generation_threads: int = 1
-    """CPU threads while sampling: small-batch decoding is faster on one thread."""
+    generation_threads: int = 0
+    """CPU threads while sampling; 0 picks by completion budget: one thread up to 64 tokens
+    (short decoding steps are faster on one: 11,600 against 9,700 tokens/s on the lab task),
+    the update's threads beyond (7,400 against 6,600 at a 138-token budget; measured at 128
+    rows, 1.25 M parameters)."""
     max_seconds: float = 0.0
     """Stop (and checkpoint) after the first step that ends past this many seconds of training
     (0: no limit); for equal-compute comparisons."""
@@ -276,7 +279,7 @@ def grpo_step(
     t0 = time.perf_counter()
 
     # --- sample and verify: G completions per prompt, one reward each ------------------------
-    torch.set_num_threads(config.generation_threads)
+    torch.set_num_threads(generation_threads(config, num_threads))
     batch, rows, rewards, metrics = sample_and_score(
         models, tokenizer, next_rows, reward_fns, reward_weights, config, generator
     )
@@ -443,6 +446,13 @@ def grpo_step(
     named = sum(metrics[f"time/{k}_s"] for k in STEP_PARTS if f"time/{k}_s" in metrics)
     metrics["time/other_s"] = max(0.0, metrics["time/step_s"] - named)
     return metrics, batch, rows, rewards
+
+
+def generation_threads(config: GRPOConfig, update_threads: int) -> int:
+    """The sampling thread count (`GRPOConfig.generation_threads`; 0 is by budget)."""
+    if config.generation_threads > 0:
+        return config.generation_threads
+    return 1 if (config.max_new_tokens or 0) <= 64 else update_threads
 
 
 def _micro_batch(
