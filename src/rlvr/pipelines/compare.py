@@ -74,6 +74,8 @@ def plot_comparison(runs: dict[str, Path], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from rlvr.report.plots import save_figure
+
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), dpi=120)
     panels = (
         ("eval/greedy_acc", "held-out accuracy (greedy)"),
@@ -90,10 +92,7 @@ def plot_comparison(runs: dict[str, Path], path: Path) -> Path:
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def compare_recipes(

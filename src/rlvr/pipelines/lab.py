@@ -169,19 +169,37 @@ def base_model_key(config: LabConfig) -> str:
 def build_base_model(config: LabConfig, task: TaskSpec) -> tuple[Path, bool]:
     """Return (directory of the base model, whether it came from the cache)."""
     directory = cache_root(config.cache_dir) / f"base-{base_model_key(config)}"
+    base = config.base
+    cached = train_cached_base(
+        directory, task, config.tiny, seed=base.seed, flaw_prob=base.flaw_prob,
+        steps=base.steps, batch_size=base.batch_size, lr=base.lr, progress=config.progress,
+    )  # fmt: skip
+    return directory, cached
+
+
+def train_cached_base(
+    directory: Path,
+    task: TaskSpec,
+    shape: TinyModelConfig,
+    *,
+    seed: int,
+    flaw_prob: float,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    progress: bool,
+) -> bool:
+    """A tiny model "pretrained" on `task`'s flawed corpus, saved to `directory` unless a
+    complete one is there already; returns whether it was (the caller keys the directory by
+    everything that determines the weights)."""
     if (directory / "config.json").exists():
-        return directory, True
+        return True
     tokenizer = build_char_tokenizer()
-    model = build_tiny_model(config.tiny, tokenizer, seed=config.base.seed)
+    model = build_tiny_model(shape, tokenizer, seed=seed)
     train_next_token(
-        model,
-        tokenizer,
-        task.corpus(config.base.seed, config.base.flaw_prob),
-        steps=config.base.steps,
-        batch_size=config.base.batch_size,
-        lr=config.base.lr,
-        progress=config.progress,
-    )
+        model, tokenizer, task.corpus(seed, flaw_prob), steps=steps, batch_size=batch_size,
+        lr=lr, progress=progress,
+    )  # fmt: skip
     # write to a temporary name, then rename: a half-written base is never taken for a good one
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -190,7 +208,7 @@ def build_base_model(config: LabConfig, task: TaskSpec) -> tuple[Path, bool]:
         shutil.rmtree(tmp)
     else:
         tmp.rename(directory)
-    return directory, False
+    return False
 
 
 def training_reward(name: str, task: TaskSpec):

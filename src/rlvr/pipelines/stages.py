@@ -22,8 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,19 +31,17 @@ import torch
 
 from rlvr.models.tiny import (
     TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
     load_model,
     save_model,
 )
-from rlvr.pipelines.lab import cache_root
+from rlvr.pipelines.lab import cache_root, train_cached_base
 from rlvr.report.run_dir import RunDirectory
 from rlvr.rollout.sampler import sample_completions
 from rlvr.tasks import reasoning
 from rlvr.tasks.spec import TaskSpec
+from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import GRPOConfig, train_grpo
 from rlvr.train.overrides import apply_overrides
-from rlvr.train.sft import train_next_token
 
 BASE_FORMAT = 1  # bump when base training changes, so cached bases are rebuilt
 
@@ -98,22 +94,12 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
     payload = [BASE_FORMAT, dataclasses.asdict(ctx.task_config), dataclasses.asdict(shape),
                settings_dict(s)]  # fmt: skip
     digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-    cached = cache_root(None) / f"reasoning-base-{digest}"
-    if (cached / "config.json").exists():
-        return {"model": str(cached), "cached": "true"}
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(shape, tokenizer, seed=s.seed)
-    train_next_token(
-        model, tokenizer, ctx.task.corpus(s.seed, s.flaw_prob), steps=s.steps,
+    directory = cache_root(None) / f"reasoning-base-{digest}"
+    cached = train_cached_base(
+        directory, ctx.task, shape, seed=s.seed, flaw_prob=s.flaw_prob, steps=s.steps,
         batch_size=s.batch_size, lr=s.lr, progress=ctx.progress,
     )  # fmt: skip
-    tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")  # renamed when complete
-    save_model(model, tokenizer, tmp)
-    if cached.exists():
-        shutil.rmtree(tmp)
-    else:
-        tmp.rename(cached)
-    return {"model": str(cached)}
+    return {"model": str(directory), **({"cached": "true"} if cached else {})}
 
 
 # --- sft ---------------------------------------------------------------------------------
@@ -235,8 +221,8 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
     held_out = ctx.task.held_out_rows()
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
-        completions = greedy_completions(m, tokenizer, held_out, ctx.task.max_new_tokens)
-        return {"greedy_acc": _mean(ctx.task.score(c, r) for c, r in zip(completions, held_out))}
+        budget = ctx.task.max_new_tokens
+        return {"greedy_acc": held_out_accuracy(m, tokenizer, held_out, ctx.task.score, budget)}
 
     run = RunDirectory(stage_dir, "grpo", overwrite=True)
     train_grpo(
@@ -365,8 +351,6 @@ def evaluate_stage_model(
     mode (`follows_mode`: a well-formed empty think block for /no_think, a non-empty one
     otherwise). `default` mode carries no suffix, other modes `@mode` (e.g.
     accuracy@no_think)."""
-    from rlvr.train.evaluate import held_out_accuracy
-
     model, tokenizer = load_model(model_dir)
     result: dict[str, float] = {}
     budget = ctx.task.max_new_tokens

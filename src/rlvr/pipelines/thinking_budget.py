@@ -19,6 +19,7 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
+from rlvr.report.plots import save_figure  # noqa: E402
 from rlvr.rollout.sampler import sample_completions  # noqa: E402
 from rlvr.rollout.thinking import STOP_PHRASE, generate_with_thinking_budget  # noqa: E402
 from rlvr.tasks.reasoning import set_mode, split_think  # noqa: E402
@@ -110,11 +111,7 @@ def plot_thinking_budget(curve: list[dict[str, Any]], path: str | Path, title: s
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def think_mode_check(

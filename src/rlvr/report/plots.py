@@ -11,6 +11,15 @@ matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out `fig`, write it to `path` (the format from the suffix) and free it."""
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_reward_curve(metrics: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
     """Train reward and held-out accuracy (greedy and sampled) against step, as a PNG."""
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
@@ -45,11 +54,7 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: str | Path, title: st
     ax.legend(loc="lower right", fontsize=8)
     if title:
         ax.set_title(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_reward_hacking(strict_run: str | Path, weak_run: str | Path, path: str | Path) -> Path:
@@ -83,11 +88,7 @@ def plot_reward_hacking(strict_run: str | Path, weak_run: str | Path, path: str 
     axes[0].set_ylabel("fraction")
     axes[0].set_ylim(-0.02, 1.02)
     axes[1].legend(loc="lower left", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_pipeline(
@@ -120,11 +121,7 @@ def plot_pipeline(
             ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _family(measure: str) -> str:

@@ -29,18 +29,18 @@ def step_time_split(records: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def format_step_time(split: dict[str, float]) -> str:
-    """E.g. `step 0.82 s = generate 0.37 (45%) + verify 0.00 (0%) + ...; 5,700 completion
-    tokens/s (13,000 while generating)`."""
+    """E.g. `median step 0.82 s = generate 0.37 (45%) + verify 0.00 (0%) + ...; 5,700
+    completion tokens/s (13,000 while generating)`: every part the run timed."""
     if not split:
         return "no timed steps"
     step = split["step"]
     parts = [
         f"{part.replace('_', ' ')} {split[part]:.2f} ({split[part] / step:.0%})"
         for part in (*STEP_PARTS, "other")
-        if part in split and (split[part] > 0 or part in ("ref_logprobs",))
+        if part in split
     ]
     return (
-        f"median step {step:.2f} s = " + " + ".join(parts) + f"; "
+        f"median step {step:.2f} s = " + " + ".join(parts) + "; "
         f"{split['completion_tokens_per_s']:,.0f} completion tokens/s "
         f"({split['generate_tokens_per_s']:,.0f} while generating)"
     )

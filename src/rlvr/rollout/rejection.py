@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlvr.rollout.sampler import sample_completions
-from rlvr.train.rewards import total_rewards
+from rlvr.train.rewards import reward_columns, total_rewards
 
 Row = dict[str, Any]
 STAGES = ("rejected", "truncated", "filtered", "duplicates", "capped", "kept")
@@ -113,7 +113,7 @@ def rejection_sample(
             generator=generator,
         )
         repeated = [r for r in chunk for _ in range(config.num_samples)]  # group-major, as batch
-        columns = {k: [r.get(k) for r in repeated] for k in _column_names(chunk)}
+        columns = reward_columns(repeated)
         rewards, metrics = total_rewards(
             [reward_fn], [1.0], [r["prompt"] for r in repeated], batch.completions, columns
         )
@@ -156,11 +156,6 @@ def _stage(
     if config.max_per_prompt is not None and len(seen) >= config.max_per_prompt:
         return "capped"
     return "kept"
-
-
-def _column_names(rows: list[Row]) -> list[str]:
-    """Every field other than `prompt` that any row has, in first-seen order."""
-    return list(dict.fromkeys(k for r in rows for k in r if k != "prompt"))
 
 
 def _columns_of(row: Row) -> Row:

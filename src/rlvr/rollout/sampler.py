@@ -91,7 +91,7 @@ def sample_completions(
     # --- decode: one cached forward per token, over the rows still running ------------------
     # without left padding or kept finished rows, every cached position is visible: no mask
     needs_mask = not drop_finished or bool((prompt_mask == 0).any())
-    attention_mask = prompt_mask  # [A, L] for the A rows in the decode batch
+    attention_mask = prompt_mask if needs_mask else None  # [A, L] for the A decoding rows
     next_position = prompt_mask.sum(dim=1, keepdim=True)  # [A, 1]
     active = torch.arange(n, device=device)  # the decode batch's rows, in cache order
     finished = torch.zeros(n, dtype=torch.bool, device=device)
@@ -110,13 +110,15 @@ def sample_completions(
             break
         if drop_finished and len(running) < len(active):
             cache.batch_select_indices(running)
-            active, token = active[running], token[running]
-            attention_mask, next_position = attention_mask[running], next_position[running]
-        new_column = (~finished[active]).long()[:, None]
-        attention_mask = torch.cat([attention_mask, new_column], dim=1)
+            active, token, next_position = active[running], token[running], next_position[running]
+            if attention_mask is not None:
+                attention_mask = attention_mask[running]
+        if attention_mask is not None:
+            new_column = (~finished[active]).long()[:, None]
+            attention_mask = torch.cat([attention_mask, new_column], dim=1)
         out = model(
             input_ids=token[:, None],
-            attention_mask=attention_mask if needs_mask else None,
+            attention_mask=attention_mask,
             position_ids=next_position,
             cache=cache,
             use_cache=True,

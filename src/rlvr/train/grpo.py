@@ -44,7 +44,7 @@ from rlvr.train.checkpoint import (
     save_checkpoint,
 )
 from rlvr.train.micro_batches import token_budget_micro_batches, trimmed_rows
-from rlvr.train.rewards import RewardFn, total_rewards
+from rlvr.train.rewards import RewardFn, reward_columns, total_rewards
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def sample_and_score(
         per_completion = [r for r in rows for _ in range(config.group_size)]  # group-major
         rewards, metrics = total_rewards(
             reward_fns, reward_weights, [r["prompt"] for r in per_completion],
-            batch.completions, columns_of(per_completion),
+            batch.completions, reward_columns(per_completion),
         )  # fmt: skip
         generate_s, verify_s = generate_s + t1 - t0, verify_s + time.perf_counter() - t1
         if config.dynamic_sampling:
@@ -356,6 +356,7 @@ def grpo_step(
         if whole
         else {"num_tokens": max(1.0, loss_mask.sum().item()), "num_seqs": float(len(rewards))}
     )
+    carried_tokens = max(1.0, loss_mask[carrying].sum().item())  # weights of policy/* metrics
     timings = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "critic": 0.0}
     for _ in range(config.mu):
         models.optimizer.zero_grad(set_to_none=True)
@@ -364,7 +365,6 @@ def grpo_step(
             for p in models.policy.parameters():
                 p.grad = torch.zeros_like(p)
             loss_metrics = {"policy/clip_frac": 0.0, "policy/approx_kl": 0.0}
-        carried_tokens = max(1.0, loss_mask[carrying].sum().item())
         for part in parts:
             cols_mb, (old_mb, adv_mb, mask_mb, ref_mb) = _micro_batch(
                 batch, part, not whole, batch.logprobs, advantages, loss_mask, ref_logp
@@ -677,7 +677,7 @@ def monitor_hacking(
     reward. Other terms of a weighted reward (a format bonus, say) are not hacking."""
     n = min(config.monitor_samples, len(batch.completions))
     sample_rows = rows_per_completion(rows, batch.group_ids)[:n]
-    prompts, columns = [r["prompt"] for r in sample_rows], columns_of(sample_rows)
+    prompts, columns = [r["prompt"] for r in sample_rows], reward_columns(sample_rows)
     strict, _ = total_rewards([strict_reward_fn], [1.0], prompts, batch.completions[:n], columns)
     train = rewards[:n]
     if train_reward_fn is not None:
@@ -698,11 +698,6 @@ def rows_per_completion(
     """The row each completion answers: `rows` are in the order of the sorted group ids."""
     row_of_group = {g: i for i, g in enumerate(group_ids.unique().tolist())}
     return [rows[row_of_group[g]] for g in group_ids.tolist()]
-
-
-def columns_of(rows: list[dict[str, Any]]) -> dict[str, list]:
-    """Reward-function columns (every key but "prompt") of per-completion rows."""
-    return {k: [r[k] for r in rows] for k in rows[0] if k != "prompt"}
 
 
 def is_eval_step(step: int, every: int, last: int) -> bool:

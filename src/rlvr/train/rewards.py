@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -53,3 +54,10 @@ def total_rewards(
         total += weight * scores
     metrics["reward/errors"] = float(errors)
     return total, metrics
+
+
+def reward_columns(rows: list[dict[str, Any]]) -> dict[str, list]:
+    """The keyword columns a reward function receives for per-completion `rows`: every field
+    but "prompt" that any row has (in first-seen order), None where a row lacks it."""
+    names = dict.fromkeys(k for r in rows for k in r if k != "prompt")
+    return {k: [r.get(k) for r in rows] for k in names}

@@ -468,6 +468,8 @@ def plot_loss_curve(records: list[dict], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from rlvr.report.plots import save_figure
+
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     train = [r for r in records if "loss" in r]
     ax.plot([r["step"] for r in train], [r["loss"] for r in train], color="#2563eb", lw=1,
@@ -480,8 +482,4 @@ def plot_loss_curve(records: list[dict], path: str | Path) -> Path:
     ax.set_ylabel("cross-entropy (nats)")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper right", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
