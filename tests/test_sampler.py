@@ -1,3 +1,4 @@
+import itertools
 from types import SimpleNamespace
 
 import torch
@@ -35,6 +36,7 @@ class EosBias(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, bias: float):
         super().__init__()
         self.model, self.bias = model, bias
+        self.config = model.config  # so the sampler picks the same KV cache as for `model`
 
     def forward(self, **kwargs):
         out = self.model(**kwargs)
@@ -117,19 +119,18 @@ def test_cached_batched_greedy_matches_naive_decoding():
         assert batch.completion_ids[i, :n].tolist() == expected
 
 
-def test_row_dropping_and_prompt_sharing_do_not_change_greedy_output():
+def test_row_dropping_prompt_sharing_and_cache_preallocation_do_not_change_greedy_output():
     tiny = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), TOKENIZER, seed=3)
     model = EosBias(tiny, 0.92)  # rows end after 1 to 15 tokens, some never
     # unequal lengths: left padding exercised
     prompts = ["357+468=", "1+2=", "99-5=", "7=", "12+34=", "5+6=", "808-1=", "42="]
     outputs = []
-    for drop in (True, False):
-        for share in (True, False):
-            batch = sample_completions(
-                model, TOKENIZER, prompts, 2, 16, temperature=0, drop_finished=drop,
-                share_prompt_cache=share,
-            )  # fmt: skip
-            outputs.append(batch)
+    for drop, share, preallocate in itertools.product((True, False), repeat=3):
+        batch = sample_completions(
+            model, TOKENIZER, prompts, 2, 16, temperature=0, drop_finished=drop,
+            share_prompt_cache=share, preallocate_cache=preallocate,
+        )  # fmt: skip
+        outputs.append(batch)
     lengths = set(outputs[0].lengths.tolist())
     assert len(lengths) >= 3 and 16 in lengths  # early ends and a truncation
     for other in outputs[1:]:

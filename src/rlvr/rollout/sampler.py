@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
+
+from rlvr.rollout.kv_cache import decode_cache
 
 
 @dataclass
@@ -49,6 +50,7 @@ def sample_completions(
     generator: torch.Generator | None = None,
     drop_finished: bool = True,
     share_prompt_cache: bool = True,
+    preallocate_cache: bool = True,
 ) -> RolloutBatch:
     """Sample `num_samples` completions for each prompt; `temperature == 0` means greedy.
 
@@ -57,7 +59,8 @@ def sample_completions(
     `share_prompt_cache` runs the prefill once per prompt and copies its KV cache to the
     prompt's G rows; `drop_finished` takes a row out of the decode batch at its EOS, so a
     finished row costs no further forward passes (otherwise it decodes padding until the
-    longest row ends, as `generate` does).
+    longest row ends, as `generate` does); `preallocate_cache` writes each token's keys and
+    values in place (`rollout.kv_cache`) instead of copying the cache every token.
     """
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError("num_samples and max_new_tokens must be >= 1")
@@ -72,7 +75,7 @@ def sample_completions(
     was_training = model.training
     model.eval()
     # --- prefill: each prompt once; its cache and next-token logits serve its G rows --------
-    cache = DynamicCache()
+    cache = decode_cache(model, prompt_ids.shape[1] + max_new_tokens, preallocate_cache)
     shared = share_prompt_cache and num_samples > 1
     prefill_ids, prefill_mask = (unique_ids, unique_mask) if shared else (prompt_ids, prompt_mask)
     out = model(
