@@ -7,6 +7,7 @@ import torch
 
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from rlvr.report.step_time import STEP_PARTS, format_step_time, step_time_split
+from rlvr.rollout.engine import HFEngine
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
 from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
 from rlvr.train.micro_batches import token_budget_micro_batches, trimmed_rows
@@ -47,6 +48,7 @@ def _one_step(config: GRPOConfig, seed: int = 0):
     tokenizer = build_char_tokenizer()
     policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), tokenizer, seed=0)
     models = build_models(policy, config)
+    models.engine = HFEngine(policy, tokenizer)  # one sampling thread whatever cpu_workers says
     problems = train_problems(ArithmeticTaskConfig(digits=2), seed=0)
 
     def next_rows():
@@ -79,6 +81,29 @@ def test_micro_batched_update_equals_one_pass(aggregation):
     # sign-like, so the weights themselves would amplify float noise in near-zero entries
     for a, b in zip(whole.parameters(), split.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_update_shared_by_two_worker_threads_equals_one_pass():
+    base = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2, beta=0.05)
+    whole, m_whole = _one_step(base)  # one torch thread: one worker, one pass
+    shared, m_shared = _one_step(dataclasses.replace(base, cpu_workers=2, micro_batch_tokens=40))
+    assert m_shared["update/micro_batches"] > 2
+    assert m_whole["loss"] == pytest.approx(m_shared["loss"], abs=1e-5)
+    assert m_whole["policy/approx_kl"] == pytest.approx(m_shared["policy/approx_kl"], abs=1e-6)
+    for a, b in zip(whole.parameters(), shared.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+    assert m_shared["time/forward_s"] > 0 and m_shared["time/backward_s"] > 0
+
+
+def test_workers_default_to_the_torch_threads_on_a_cpu():
+    from rlvr.workers import balanced_shards, default_workers
+
+    model = torch.nn.Linear(2, 2)
+    assert default_workers(model, requested=3) == 3
+    assert default_workers(model, threads=2) == 2
+    # longest first, each to the least loaded: 9 | 5 + 1 | 4 + 3
+    assert balanced_shards([5, 9, 1, 4, 3], 3) == [[1], [0, 2], [3, 4]]
+    assert balanced_shards([5.0], 2) == [[0]]
 
 
 def test_step_time_split_adds_up_and_beta_zero_skips_the_reference():

@@ -40,10 +40,11 @@ class RolloutEngine(Protocol):
 
 class HFEngine:
     """Samples with the policy module itself (KV cache, finished rows dropped, prompt cache
-    shared across the group): nothing to sync, the weights are the policy's."""
+    shared across the group): nothing to sync, the weights are the policy's. `workers` > 1
+    samples shards of the prompts in that many threads (`rlvr.workers`)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer) -> None:
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, model: torch.nn.Module, tokenizer, workers: int = 1) -> None:
+        self.model, self.tokenizer, self.workers = model, tokenizer, workers
 
     def generate(
         self,
@@ -55,7 +56,7 @@ class HFEngine:
     ) -> RolloutBatch:
         return sample_completions(
             self.model, self.tokenizer, prompts, num_samples, max_new_tokens, temperature,
-            generator,
+            generator, workers=self.workers,
         )  # fmt: skip
 
     def sync_weights(self, policy: torch.nn.Module) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.rollout.kv_cache import decode_cache
+from rlvr.workers import map_in_threads
 
 
 @dataclass
@@ -51,6 +52,7 @@ def sample_completions(
     drop_finished: bool = True,
     share_prompt_cache: bool = True,
     preallocate_cache: bool = True,
+    workers: int = 1,
 ) -> RolloutBatch:
     """Sample `num_samples` completions for each prompt; `temperature == 0` means greedy.
 
@@ -61,9 +63,20 @@ def sample_completions(
     finished row costs no further forward passes (otherwise it decodes padding until the
     longest row ends, as `generate` does); `preallocate_cache` writes each token's keys and
     values in place (`rollout.kv_cache`) instead of copying the cache every token.
+
+    `workers` > 1 splits the prompts into that many consecutive shards, sampled side by side
+    by Python threads with one torch thread each (`rlvr.workers`); each shard draws from its
+    own generator, seeded from `generator`, so a run stays reproducible.
     """
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError("num_samples and max_new_tokens must be >= 1")
+    if workers > 1 and len(prompts) > 1:
+        switches = dict(drop_finished=drop_finished, share_prompt_cache=share_prompt_cache,
+                        preallocate_cache=preallocate_cache)  # fmt: skip
+        return _sample_in_shards(
+            model, tokenizer, prompts, num_samples, max_new_tokens, temperature, generator,
+            workers, switches,
+        )  # fmt: skip
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
@@ -134,6 +147,40 @@ def sample_completions(
         tokenizer, prompt_ids, prompt_mask, completion_ids[:, :steps],
         sampled_logprobs[:, :steps], num_samples,
     )  # fmt: skip
+
+
+def _sample_in_shards(
+    model: torch.nn.Module,
+    tokenizer,
+    prompts: list[str],
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    workers: int,
+    switches: dict[str, bool],
+) -> RolloutBatch:
+    """`sample_completions` over consecutive shards of `prompts`, one thread each, stacked
+    back in prompt order."""
+    k = min(workers, len(prompts))
+    bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
+    on = generator.device if generator is not None else "cpu"
+    seeds = torch.randint(0, 2**62, (k,), generator=generator, device=on).tolist()
+    device = next(model.parameters()).device
+
+    def shard(i: int) -> RolloutBatch:
+        return sample_completions(
+            model, tokenizer, prompts[bounds[i] : bounds[i + 1]], num_samples, max_new_tokens,
+            temperature, torch.Generator(device).manual_seed(seeds[i]), **switches,
+        )  # fmt: skip
+
+    was_training = model.training
+    model.eval()  # once, here: the shards must not toggle the mode under each other
+    try:
+        batches = map_in_threads(shard, list(range(k)), k)
+    finally:
+        model.train(was_training)
+    return concat_batches(batches, tokenizer.pad_token_id)
 
 
 def rollout_batch(
