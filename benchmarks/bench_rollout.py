@@ -1,15 +1,18 @@
-"""Rollout decode work: what dropping finished rows and sharing the prompt cache save.
+"""Rollout decode work: what each of the sampler's savings is worth, one added at a time.
 
     python benchmarks/bench_rollout.py            # lab base model, 16 prompts x 8 samples
     python benchmarks/bench_rollout.py --quick
 
 The lab's cached base model (built by `rlvr lab`'s own function if missing) samples the same
-prompts in four modes, interleaved round by round so that machine load hits each alike:
-every row decoding until the longest ends and the prompt prefilled once per row (what
-`model.generate` does), each saving alone, and both (rlvr's default). Two completion budgets:
-the lab's (48 tokens, worked solutions of ~37) and 128 tokens, where sampled lengths spread
-further. The table gives median seconds per sampling call, completion tokens per second, and
-the ratio to the first mode.
+prompts in five modes, interleaved round by round so that machine load hits each alike:
+every row decoding until the longest ends, the prompt prefilled once per row and the KV cache
+grown by concatenation (what `model.generate` does); then, cumulatively, the prompt's cache
+shared by its G samples, finished rows dropped, the KV cache written in place, and the
+prompts split between worker threads, one per core (rlvr's default on a CPU). The first four
+run on `--threads` torch threads, the last on as many workers with one each. Two completion
+budgets: the lab's (48 tokens, worked solutions of ~37) and 128 tokens, where sampled lengths
+spread further. The table gives median seconds per sampling call, completion tokens per
+second, and the ratio to the first mode.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import time
 
 import torch
 
+GENERATE_LIKE = dict(drop_finished=False, share_prompt_cache=False, preallocate_cache=False)
 MODES = {
-    "decode to longest, prefill per row": dict(drop_finished=False, share_prompt_cache=False),
-    "shared prompt cache": dict(drop_finished=False, share_prompt_cache=True),
-    "drop finished rows": dict(drop_finished=True, share_prompt_cache=False),
-    "both (rlvr default)": dict(drop_finished=True, share_prompt_cache=True),
+    "decode to longest, prefill per row, cache by concatenation": GENERATE_LIKE,
+    "+ shared prompt cache": {**GENERATE_LIKE, "share_prompt_cache": True},
+    "+ drop finished rows": {**GENERATE_LIKE, "share_prompt_cache": True, "drop_finished": True},
+    "+ cache written in place": dict(preallocate_cache=True),
+    "+ one worker thread per torch thread (rlvr default)": dict(workers=0),  # set to --threads
 }
 
 
@@ -33,7 +38,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--threads", type=int, default=1, help="rlvr decodes on 1 thread")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads, single worker")
     parser.add_argument("--quick", action="store_true", help="2 rounds, smoke test")
     args = parser.parse_args()
     rounds = 2 if args.quick else args.rounds
@@ -60,7 +65,7 @@ def main() -> None:
                 t0 = time.perf_counter()
                 batch = sample_completions(
                     model, tokenizer, prompts, args.group_size, budget, 1.0, generator,
-                    **switches,
+                    **{**switches, **({"workers": args.threads} if "workers" in switches else {})},
                 )  # fmt: skip
                 seconds[mode].append(time.perf_counter() - t0)
                 tokens[mode].append(batch.lengths.sum().item())

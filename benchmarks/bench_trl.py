@@ -47,10 +47,11 @@ TRL for as many; round 2 starts with TRL, and so on; so load from other jobs on 
 falls on both alike. The parent measures the machine's large-matmul rate (2048^2 fp32, 2
 threads) between rounds.
 
-Threads, each framework's own default on this machine: rlvr updates on 2 and samples on 1 up to
-a 64-token budget, on 2 beyond (`GRPOConfig.generation_threads`, the lab's `threads`); TRL runs
-on torch's default, 2 (one per core). `--trl-generation-threads 0 1` adds a third run, TRL
-sampling on 1 thread, to separate that choice from the rest. Every process gets
+Threads, each framework's own default on this machine: rlvr runs two worker threads (one per
+core, one torch thread each) that split the prompts while sampling and the micro-batches of
+the update (`GRPOConfig.cpu_workers`); TRL runs on torch's default, 2 threads (one per core).
+`--trl-generation-threads 0 1` adds a third run, TRL sampling on 1 thread, to separate that
+choice from the rest. Every process gets
 OMP_WAIT_POLICY=PASSIVE (rlvr's CLI sets it; TRL gets it too: with OpenMP's default busy-wait
 and other jobs on the CPU, a 2-thread greedy evaluation here took 52 s instead of 4.7 s).
 
@@ -420,9 +421,12 @@ def _rates(result: dict) -> dict:
     ceiling = common.median(result["matmul_gflops"])
     out = {"matmul_gflops": ceiling}
     rl = result["frameworks"]["rlvr"]["steps"]
-    # rows of zero advantage get no forward/backward in rlvr: count the rows it updated on
+    # rows of zero advantage get no forward/backward in rlvr: count the rows it updated on, at
+    # their mean real length (rlvr trims padding: padded tokens would flatter the rate)
     update = common.median(
-        common.update_flops(shape, n * s["rows_updated_frac"], p + s["completion_width"])
+        common.update_flops(
+            shape, n * s["rows_updated_frac"], p + s["completion_tokens"] / s["completions"]
+        )
         / s["update_s"]
         for s in rl
         if s["rows_updated_frac"] > 0
