@@ -3,10 +3,10 @@
 torch releases the GIL inside its operators, so W Python threads, each running its own
 forward passes on one intra-op thread, keep W cores busy. For a model this small that beats
 splitting every operator across the cores (torch's intra-op threads): its matrices are too
-small for a split to pay off, and a worker's activations stay in its core's cache. Measured on
-2 cores, 1.25 M parameters, 128 rows of ~136 tokens: sampling 1.25 s against 1.57 s with two
-intra-op threads (1.88 s with one); the update's forward and backward 1.3-1.5 s against
-1.6-1.9 s (`benchmarks/bench_workers.py` compares them side by side). On a GPU there is one
+small for a split to pay off, and a worker's activations stay in its core's cache.
+`python benchmarks/bench_workers.py` compares them side by side (2 cores, 1.25 M parameters,
+128 rows): sampling 1.11x (lab, ~37 tokens) and 1.38x (~126 tokens) the speed of the better
+intra-op choice; the update's forward and backward 1.42x and 1.39x. On a GPU there is one
 worker: the device is already parallel.
 """
 

@@ -136,8 +136,8 @@ class GRPOConfig:
     cpu_workers: int = 0
     """Python threads that sample and run the update's micro-batches side by side, one torch
     thread each (`rlvr.workers`); 0: one per torch thread on a CPU, one on a GPU. Faster than
-    splitting each operator across cores for small models: sampling 1.25 s against 1.57 s,
-    forward and backward 1.3-1.5 s against 1.6-1.9 s on 2 cores (128 rows of ~136 tokens)."""
+    splitting each operator across cores for small models: 1.1-1.4x for sampling, 1.4x for
+    the update on 2 cores (`benchmarks/bench_workers.py`)."""
     generation_threads: int = 0
     """torch threads while sampling with a single worker (`cpu_workers=1`); 0 picks by
     completion budget: one thread up to 64 tokens (11,600 against 9,700 tokens/s on the lab
@@ -153,8 +153,9 @@ class GRPOConfig:
 
 
 WORKER_MICRO_BATCH_TOKENS = 2048
-"""Micro-batch budget when several CPU workers share the update (fastest measured: 1024-2048
-on 2 cores; 1.3 s against 1.6 s for 8192)."""
+"""Micro-batch budget when several CPU workers share the update (`bench_workers.py`, 2 cores:
+1.42x / 1.39x one pass on the lab / long task, against 1.21x / 1.42x at 1024 and 1.43x /
+1.24x at 4096)."""
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
 ROW_ESTIMATORS = set(algo.ADVANTAGE_ESTIMATORS)  # per-completion estimators (not gae)
@@ -351,14 +352,16 @@ def grpo_step(
     carrying = torch.arange(len(rewards))
     if beta_in_loss == 0 and advantages.dim() == 1:
         carrying = (advantages != 0).nonzero().squeeze(1)
+    # each worker gets a share of the rows, balanced by tokens, cut into micro-batches
+    prompt_lengths = batch.prompt_mask.sum(dim=1)
+    row_tokens = (prompt_lengths + batch.lengths)[carrying].tolist()
     budget = config.micro_batch_tokens or (WORKER_MICRO_BATCH_TOKENS if workers > 1 else 0)
-    parts = [
-        carrying[part]
-        for part in token_budget_micro_batches(
-            batch.prompt_mask.sum(dim=1)[carrying], batch.lengths[carrying], budget
-        )
-        if len(part) > 0
-    ]
+    shards: list[list[torch.Tensor]] = []
+    for rows_of_worker in balanced_shards(row_tokens, workers):
+        mine = carrying[rows_of_worker]
+        split = token_budget_micro_batches(prompt_lengths[mine], batch.lengths[mine], budget)
+        shards.append([mine[part] for part in split if len(part) > 0])
+    parts = [part for shard in shards for part in shard]
     whole = len(parts) == 1 and len(carrying) == len(rewards)
     # every micro-batch's loss keeps the whole step's divisors: the summed gradient is the
     # gradient of one pass over the whole batch
@@ -369,18 +372,15 @@ def grpo_step(
     )
     carried_tokens = max(1.0, loss_mask[carrying].sum().item())  # weights of policy/* metrics
     params = [p for p in models.policy.parameters() if p.requires_grad]
-    # the workers' shares of the micro-batches, balanced by padded tokens (rows x width)
-    prompt_lengths = batch.prompt_mask.sum(dim=1)
-    shards = balanced_shards(
-        [len(p) * int(prompt_lengths[p].max() + batch.lengths[p].max()) for p in parts], workers
-    )
 
-    def shard_gradients(shard: list[int]) -> tuple[list, float, dict[str, float], float, float]:
-        """Gradients (summed), loss and token-weighted metrics of the micro-batches `shard`."""
+    def shard_gradients(
+        shard: list[torch.Tensor],
+    ) -> tuple[list, float, dict[str, float], float, float]:
+        """Gradients (summed), loss and token-weighted metrics of one worker's micro-batches."""
         grads, loss_sum, metrics_sum, fwd_s, bwd_s = None, 0.0, {}, 0.0, 0.0
-        for i in shard:
+        for part in shard:
             cols_mb, (old_mb, adv_mb, mask_mb, ref_mb) = _micro_batch(
-                batch, parts[i], not whole, batch.logprobs, advantages, loss_mask, ref_logp
+                batch, part, not whole, batch.logprobs, advantages, loss_mask, ref_logp
             )
             t_fwd = time.perf_counter()
             logp = completion_logprobs(models.policy, *cols_mb, config.temperature)
