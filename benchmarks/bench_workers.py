@@ -8,8 +8,10 @@ On the lab's base model for each setting (3-digit and 12-digit addition, as in
 `bench_trl.py`), 16 prompts x 8 samples at the task's budget. Sampling: one torch thread, two
 intra-op threads, and two worker threads with one torch thread each (`sample_completions(...,
 workers=2)`). Update: `grpo_step`'s forward and backward (`time/forward_s + time/backward_s`)
-on one fixed sampled batch, at lr 0 so every round sees the same model, as one pass on two
-intra-op threads (`cpu_workers=1`) and with two workers at several micro-batch budgets. The
+on one fixed sampled batch, at lr 0 so every round sees the same model: one pass on two
+intra-op threads (`cpu_workers=1`) and two workers at several micro-batch budgets, with each
+row running its own copy of the prompt or each group's prompt run once
+(`share_prompt_forward`). The
 modes take turns within each round, so machine load falls on all alike. The table gives the
 median seconds of each mode and its speed relative to the first mode of its part.
 """
@@ -54,9 +56,19 @@ def sampling_modes(threads: int) -> dict[str, tuple[int, int]]:
 
 def update_modes(threads: int, budgets: list[int]) -> dict[str, dict]:
     """Mode name -> GRPOConfig switches."""
-    modes = {f"one pass, {threads} intra-op threads": dict(cpu_workers=1, micro_batch_tokens=0)}
+    one_pass = dict(cpu_workers=1, micro_batch_tokens=0)
+    modes = {
+        f"one pass, {threads} intra-op threads, a prompt per row": {
+            **one_pass,
+            "share_prompt_forward": False,
+        },
+        f"one pass, {threads} intra-op threads, a prompt per group": one_pass,
+        f"{threads} workers, 2048-token micro-batches, a prompt per row": dict(
+            cpu_workers=threads, micro_batch_tokens=2048, share_prompt_forward=False
+        ),
+    }
     for b in budgets:
-        modes[f"{threads} workers, {b}-token micro-batches"] = dict(
+        modes[f"{threads} workers, {b}-token micro-batches, a prompt per group"] = dict(
             cpu_workers=threads, micro_batch_tokens=b
         )
     return modes

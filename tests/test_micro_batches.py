@@ -10,7 +10,11 @@ from rlvr.report.step_time import STEP_PARTS, format_step_time, step_time_split
 from rlvr.rollout.engine import HFEngine
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
 from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
-from rlvr.train.micro_batches import token_budget_micro_batches, trimmed_rows
+from rlvr.train.micro_batches import (
+    group_micro_batches,
+    token_budget_micro_batches,
+    trimmed_rows,
+)
 from rlvr.verifiers.math import math_reward
 
 
@@ -80,6 +84,39 @@ def test_micro_batched_update_equals_one_pass(aggregation):
     # the accumulated gradients (kept after the step) equal one pass's; Adam's first step is
     # sign-like, so the weights themselves would amplify float noise in near-zero entries
     for a, b in zip(whole.parameters(), split.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
+
+
+def test_group_micro_batches_keep_groups_whole_within_the_budget():
+    groups = torch.tensor([0, 0, 1, 1, 1, 2, 2, 3])
+    prompt = torch.tensor([2, 2, 3, 3, 3, 1, 1, 2])
+    completion = torch.tensor([4, 6, 2, 3, 1, 9, 2, 1])
+    parts = group_micro_batches(groups, prompt, completion, max_tokens=24)
+    assert sorted(torch.cat(parts).tolist()) == list(range(8))
+    for rows in parts:
+        members = set(rows.tolist())
+        for g in set(groups[rows].tolist()):  # a group is all in or all out
+            assert set((groups == g).nonzero().squeeze(1).tolist()) <= members
+        width = int(prompt[rows].max() + completion[rows].max())
+        assert len(rows) * width <= 24 or len(set(groups[rows].tolist())) == 1
+    # longest row first: group 2 (1 + 9) is 2 rows x 10; adding group 0 gives 4 rows x 11 > 24
+    assert parts[0].tolist() == [5, 6]
+    assert group_micro_batches(groups, prompt, completion, 0)[0].tolist() == list(range(8))
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_update_with_shared_prompt_forward_equals_per_row_prompts(aggregation):
+    base = GRPOConfig(
+        prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2, aggregation=aggregation,
+        share_prompt_forward=False, beta=0.05,
+    )  # fmt: skip
+    rows, m_rows = _one_step(base)
+    shared, m_shared = _one_step(
+        dataclasses.replace(base, share_prompt_forward=True, micro_batch_tokens=80)
+    )
+    assert m_shared["update/micro_batches"] >= 2
+    assert m_rows["loss"] == pytest.approx(m_shared["loss"], abs=1e-5)
+    for a, b in zip(rows.parameters(), shared.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
 
 

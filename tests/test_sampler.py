@@ -3,7 +3,7 @@ from types import SimpleNamespace
 
 import torch
 
-from rlvr.models.logprobs import completion_logprobs
+from rlvr.models.logprobs import completion_logprobs, completion_logprobs_shared_prompts
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from rlvr.rollout.sampler import position_ids_from_mask, sample_completions
 
@@ -194,3 +194,33 @@ def test_sampling_in_worker_threads_matches_one_thread():
             first.completion_mask, temperature=0.7,
         )  # fmt: skip
     torch.testing.assert_close(logp * first.completion_mask, first.logprobs, atol=1e-5, rtol=1e-5)
+
+
+def test_shared_prompt_logprobs_and_gradients_equal_per_row_prompts():
+    """Prompts of unequal length (left padding), completions of unequal length (right
+    padding), groups in any row order, a row left out of its group."""
+    model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), TOKENIZER, seed=2)
+    batch = sample_completions(
+        EosBias(model, 1.5), TOKENIZER, ["357+468=", "1+2=", "99-5="], 3, 10, 1.0,
+        torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    rows = torch.tensor([4, 0, 8, 1, 3, 6, 7])  # group 1 then 0 then 2; rows 2 and 5 left out
+    assert len(set(batch.lengths[rows].tolist())) >= 2
+    cols = [t[rows] for t in (batch.prompt_ids, batch.prompt_mask, batch.completion_ids)]
+    mask = batch.completion_mask[rows]
+    model.train()
+    results = []
+    for shared in (False, True):
+        model.zero_grad()
+        if shared:
+            logp = completion_logprobs_shared_prompts(
+                model, *cols, mask, batch.group_ids[rows], temperature=0.7
+            )
+        else:
+            logp = completion_logprobs(model, *cols, mask, temperature=0.7)
+        (logp * mask).sum().backward()
+        results.append((logp * mask, [p.grad.clone() for p in model.parameters()]))
+    (plain, plain_grads), (shared, shared_grads) = results
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-5)
+    for a, b in zip(plain_grads, shared_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlvr import algo
-from rlvr.models.logprobs import completion_logprobs
+from rlvr.models.logprobs import completion_logprobs, completion_logprobs_shared_prompts
 from rlvr.models.value import ValueModel
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.report.step_time import STEP_PARTS
@@ -43,7 +43,11 @@ from rlvr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rlvr.train.micro_batches import token_budget_micro_batches, trimmed_rows
+from rlvr.train.micro_batches import (
+    group_micro_batches,
+    token_budget_micro_batches,
+    trimmed_rows,
+)
 from rlvr.train.rewards import RewardFn, reward_columns, total_rewards
 from rlvr.workers import balanced_shards, default_workers, map_in_threads
 
@@ -145,6 +149,10 @@ class GRPOConfig:
     max_seconds: float = 0.0
     """Stop (and checkpoint) after the first step that ends past this many seconds of training
     (0: no limit); for equal-compute comparisons."""
+    share_prompt_forward: bool = True
+    """The update runs each group's prompt once and its G rows' completions on its KV cache
+    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved); micro-batches
+    then hold whole groups. False: every row runs its own copy of the prompt."""
     micro_batch_tokens: int = 0
     """Split the update into micro-batches of at most this many padded tokens (rows sorted by
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
@@ -352,15 +360,27 @@ def grpo_step(
     carrying = torch.arange(len(rewards))
     if beta_in_loss == 0 and advantages.dim() == 1:
         carrying = (advantages != 0).nonzero().squeeze(1)
-    # each worker gets a share of the rows, balanced by tokens, cut into micro-batches
+    # each worker gets a share of the rows (of whole groups when prompts are shared), balanced
+    # by tokens, cut into micro-batches
     prompt_lengths = batch.prompt_mask.sum(dim=1)
-    row_tokens = (prompt_lengths + batch.lengths)[carrying].tolist()
+    row_tokens = (prompt_lengths + batch.lengths)[carrying].float()
+    share = config.share_prompt_forward and config.group_size > 1
+    unit_of_row = (
+        torch.unique(batch.group_ids[carrying], return_inverse=True)[1]
+        if share
+        else torch.arange(len(carrying))
+    )
+    num_units = int(unit_of_row.max()) + 1 if len(carrying) else 0
+    unit_tokens = torch.zeros(num_units).index_add_(0, unit_of_row, row_tokens)
     budget = config.micro_batch_tokens or (WORKER_MICRO_BATCH_TOKENS if workers > 1 else 0)
+    split_rows = group_micro_batches if share else token_budget_micro_batches
     shards: list[list[torch.Tensor]] = []
-    for rows_of_worker in balanced_shards(row_tokens, workers):
-        mine = carrying[rows_of_worker]
-        split = token_budget_micro_batches(prompt_lengths[mine], batch.lengths[mine], budget)
+    for units in balanced_shards(unit_tokens.tolist(), workers):
+        mine = carrying[torch.isin(unit_of_row, torch.tensor(units, dtype=torch.long))]
+        lengths = (prompt_lengths[mine], batch.lengths[mine], budget)
+        split = split_rows(batch.group_ids[mine], *lengths) if share else split_rows(*lengths)
         shards.append([mine[part] for part in split if len(part) > 0])
+    shards = [shard for shard in shards if shard]
     parts = [part for shard in shards for part in shard]
     whole = len(parts) == 1 and len(carrying) == len(rewards)
     # every micro-batch's loss keeps the whole step's divisors: the summed gradient is the
@@ -383,7 +403,12 @@ def grpo_step(
                 batch, part, not whole, batch.logprobs, advantages, loss_mask, ref_logp
             )
             t_fwd = time.perf_counter()
-            logp = completion_logprobs(models.policy, *cols_mb, config.temperature)
+            if share:  # each group's prompt runs once; same values and gradients
+                logp = completion_logprobs_shared_prompts(
+                    models.policy, *cols_mb, batch.group_ids[part], config.temperature
+                )
+            else:
+                logp = completion_logprobs(models.policy, *cols_mb, config.temperature)
             loss, metrics_mb = algo.policy_loss(
                 logp, old_mb, adv_mb, mask_mb,
                 epsilon_low=config.epsilon_low, epsilon_high=config.epsilon_high,
@@ -396,10 +421,10 @@ def grpo_step(
             fwd_s, bwd_s = fwd_s + t_bwd - t_fwd, bwd_s + time.perf_counter() - t_bwd
             grads = part_grads if grads is None else [_add(a, b) for a, b in zip(grads, part_grads)]
             loss_sum += loss.item()
-            share = mask_mb.sum().item() / carried_tokens
+            weight = mask_mb.sum().item() / carried_tokens
             # policy/* metrics: token-weighted means over the rows that carry a gradient
             for key, value in metrics_mb.items():
-                metrics_sum[key] = metrics_sum.get(key, 0.0) + share * value
+                metrics_sum[key] = metrics_sum.get(key, 0.0) + weight * value
         return grads, loss_sum, metrics_sum, fwd_s, bwd_s
 
     timings = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "critic": 0.0}

@@ -64,3 +64,40 @@ def trimmed_rows(
         else:
             out.append(t[rows][:, :c])
     return tuple(out)
+
+
+def group_micro_batches(
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    max_tokens: int,
+) -> list[torch.Tensor]:
+    """Like `token_budget_micro_batches`, but a group's rows are never split: micro-batches of
+    whole groups (so that a group's prompt can be run once for all its rows). Groups are sorted
+    by their longest row; a micro-batch's padded size `rows x (max prompt + max completion)`
+    stays within `max_tokens` unless one group alone exceeds it. `max_tokens <= 0`: one
+    micro-batch of all rows, in their order."""
+    n = len(group_ids)
+    if max_tokens <= 0:
+        return [torch.arange(n)]
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids.tolist()):
+        members.setdefault(g, []).append(i)
+    units = list(members.values())
+    total = (prompt_lengths + completion_lengths).tolist()
+    units.sort(key=lambda rows: -max(total[i] for i in rows))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_completion = 0
+    for rows in units:
+        p = max([widest_prompt] + [int(prompt_lengths[i]) for i in rows])
+        c = max([widest_completion] + [int(completion_lengths[i]) for i in rows])
+        if current and (len(current) + len(rows)) * (p + c) > max_tokens:
+            batches.append(current)
+            current = []
+            p = max(int(prompt_lengths[i]) for i in rows)
+            c = max(int(completion_lengths[i]) for i in rows)
+        current.extend(rows)
+        widest_prompt, widest_completion = p, c
+    batches.append(current)
+    return [torch.tensor(b, dtype=torch.long) for b in batches]
