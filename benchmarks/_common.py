@@ -118,7 +118,8 @@ def _causal_contexts(start: float, length: float) -> float:
 
 def update_flops(shape: dict[str, int], rows: int, seq_len: float) -> float:
     """Forward + backward over `rows` sequences of `seq_len` tokens (prompt + completion).
-    Callers pass the mean real length: padding, which rlvr trims, earns no credit."""
+    Callers pass the mean length actually run: padding, which rlvr trims, and prompt copies,
+    which it runs once per group, earn no credit."""
     dense = 6 * shape["params"] * rows * seq_len
     attention = 3 * 4 * shape["layers"] * shape["hidden"] * rows * _causal_contexts(0, seq_len)
     return dense + attention

@@ -421,11 +421,13 @@ def _rates(result: dict) -> dict:
     ceiling = common.median(result["matmul_gflops"])
     out = {"matmul_gflops": ceiling}
     rl = result["frameworks"]["rlvr"]["steps"]
-    # rows of zero advantage get no forward/backward in rlvr: count the rows it updated on, at
-    # their mean real length (rlvr trims padding: padded tokens would flatter the rate)
+    # count only the tokens rlvr's update runs: the rows it updated on (zero-advantage rows
+    # get no forward or backward) at their mean completion length, each group's prompt once
+    # (its G rows share one prompt pass), no padding (trimmed): anything more flatters the rate
+    per_row = p / spec["group"]
     update = common.median(
         common.update_flops(
-            shape, n * s["rows_updated_frac"], p + s["completion_tokens"] / s["completions"]
+            shape, n * s["rows_updated_frac"], per_row + s["completion_tokens"] / s["completions"]
         )
         / s["update_s"]
         for s in rl

@@ -91,8 +91,8 @@ def run_setting(name: str, args) -> list[list[str]]:
     )
     tokens = int(fixed.lengths.sum())
 
-    def reward(prompts, completions, **_):  # differs within groups: every row is updated
-        return [len(c) % 7 / 6 for c in completions]
+    def reward(prompts, completions, **_):  # all different: no row has advantage 0
+        return [(i * 0.618) % 1 for i in range(len(completions))]
 
     for r in range(args.rounds):
         for mode, (threads, workers) in sampling.items():

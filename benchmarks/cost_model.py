@@ -20,10 +20,13 @@ What is held fixed, and why:
   measured and reported). The length axis is the task's budget: `ArithmeticTaskConfig(digits)`.
 - the reward is a seeded coin flip per completion (a fresh model solves nothing): groups then
   have reward variance as in a learning run, so no step is a no-op update.
-- threads are rlvr's defaults: 1 while sampling, 2 for the update; OMP_WAIT_POLICY=PASSIVE.
+- threads are rlvr's defaults: two worker threads with one torch thread each
+  (`GRPOConfig.cpu_workers`); OMP_WAIT_POLICY=PASSIVE.
 
-The achieved arithmetic rate of the update is 6 x parameters x tokens processed (prompt +
-completion width, padding included, x B x G) per second of `time/update_s`, plus attention,
+The achieved arithmetic rate of the update is 6 x parameters x the tokens it runs (B x G x
+mean completion length, plus B x prompt length: rlvr runs each group's prompt once and trims
+padding, so neither earns credit) per second of `time/update_s`, plus attention (counted as
+for sequences of that mean length: an undercount),
 as a fraction of the machine's 2048^2 fp32 matmul rate on 2 threads, measured in the same run;
 generation's is 2 x parameters x completion tokens per second of `time/generate_s`, plus
 attention (conventions in `benchmarks/_common.py`).
@@ -103,8 +106,8 @@ def measure(point: dict, steps: int) -> list[dict]:
     prompt_len = len(task.held_out_rows()[0]["prompt"])
     out = []
     for r in records:
-        width = prompt_len + r["completion/len_max"]
-        update = common.update_flops(shape, n, width) / r["time/update_s"] / 1e9
+        tokens = prompt_len / point["group"] + r["completion/len_mean"]  # per row, run
+        update = common.update_flops(shape, n, tokens) / r["time/update_s"] / 1e9
         gen = common.generation_flops(shape, n, prompt_len, r["completion/len_mean"])
         gen = gen / r["time/generate_s"] / 1e9
         out.append(

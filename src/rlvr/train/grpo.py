@@ -140,8 +140,8 @@ class GRPOConfig:
     cpu_workers: int = 0
     """Python threads that sample and run the update's micro-batches side by side, one torch
     thread each (`rlvr.workers`); 0: one per torch thread on a CPU, one on a GPU. Faster than
-    splitting each operator across cores for small models: 1.1-1.4x for sampling, 1.4x for
-    the update on 2 cores (`benchmarks/bench_workers.py`)."""
+    splitting each operator across cores for small models: 1.1-1.3x for sampling, 1.4-1.5x
+    for the update on 2 cores (`benchmarks/bench_workers.py`)."""
     generation_threads: int = 0
     """torch threads while sampling with a single worker (`cpu_workers=1`); 0 picks by
     completion budget: one thread up to 64 tokens (11,600 against 9,700 tokens/s on the lab
@@ -151,8 +151,9 @@ class GRPOConfig:
     (0: no limit); for equal-compute comparisons."""
     share_prompt_forward: bool = True
     """The update runs each group's prompt once and its G rows' completions on its KV cache
-    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved); micro-batches
-    then hold whole groups. False: every row runs its own copy of the prompt."""
+    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved: 1.15x / 1.25x
+    one pass on the lab / long task); micro-batches then hold whole groups. False: every row
+    runs its own copy of the prompt."""
     micro_batch_tokens: int = 0
     """Split the update into micro-batches of at most this many padded tokens (rows sorted by
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
@@ -161,9 +162,9 @@ class GRPOConfig:
 
 
 WORKER_MICRO_BATCH_TOKENS = 2048
-"""Micro-batch budget when several CPU workers share the update (`bench_workers.py`, 2 cores:
-1.42x / 1.39x one pass on the lab / long task, against 1.21x / 1.42x at 1024 and 1.43x /
-1.24x at 4096)."""
+"""Micro-batch budget when several CPU workers share the update (`bench_workers.py`, 2 cores,
+prompts shared: 1.61x / 1.75x one pass on the lab / long task, 1.66x / 1.77x at 1024 and
+1.32x / 1.73x at 4096)."""
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
 ROW_ESTIMATORS = set(algo.ADVANTAGE_ESTIMATORS)  # per-completion estimators (not gae)
