@@ -61,7 +61,9 @@ its `model.generate` call, rlvr's is its `time/generate_s`); peak RSS; held-out 
 the last step, greedy and sampled (T = 1), measured for both by rlvr's `held_out_accuracy` on the
 task's held-out problems; and rlvr/TRL ratios. Also the arithmetic rate rlvr's update and each
 framework's generation reach, as a fraction of the measured matmul rate (FLOP conventions in
-`benchmarks/_common.py`).
+`benchmarks/_common.py`); the update's twice: the arithmetic it does (each group's prompt
+once, as rlvr runs it) and model FLOPs (every row's prompt, as MFU figures count), padding in
+neither.
 """
 
 from __future__ import annotations
@@ -421,19 +423,23 @@ def _rates(result: dict) -> dict:
     ceiling = common.median(result["matmul_gflops"])
     out = {"matmul_gflops": ceiling}
     rl = result["frameworks"]["rlvr"]["steps"]
-    # count only the tokens rlvr's update runs: the rows it updated on (zero-advantage rows
-    # get no forward or backward) at their mean completion length, each group's prompt once
-    # (its G rows share one prompt pass), no padding (trimmed): anything more flatters the rate
-    per_row = p / spec["group"]
-    update = common.median(
-        common.update_flops(
-            shape, n * s["rows_updated_frac"], per_row + s["completion_tokens"] / s["completions"]
-        )
-        / s["update_s"]
-        for s in rl
-        if s["rows_updated_frac"] > 0
-    )
-    out["rlvr_update_gflops"] = update / 1e9
+    # two counts of the update's arithmetic, over the rows it updated on (zero-advantage rows
+    # get no forward or backward) at their mean completion length, padding never counted:
+    # `rlvr_update` counts each group's prompt once, as rlvr runs it (the arithmetic done);
+    # `rlvr_update_model` counts every row's prompt, as model-FLOPs (MFU) figures do
+    for key, per_row in (("rlvr_update", p / spec["group"]), ("rlvr_update_model", p)):
+        out[f"{key}_gflops"] = (
+            common.median(
+                common.update_flops(
+                    shape, n * s["rows_updated_frac"],
+                    per_row + s["completion_tokens"] / s["completions"],
+                )
+                / s["update_s"]
+                for s in rl
+                if s["rows_updated_frac"] > 0
+            )
+            / 1e9
+        )  # fmt: skip
     for k, fw in result["frameworks"].items():
         gen = common.median(
             common.generation_flops(shape, n, p, s["completion_tokens"] / n) / s["generate_s"]
@@ -488,7 +494,8 @@ def print_tables(results: list[dict]) -> None:
     trl_keys = [k for k in results[0]["frameworks"] if k != "rlvr"]
     header = [
         "setting", "params", "base greedy / sampled", "matmul GFLOP/s (2048², 2 thr)",
-        "rlvr update GFLOP/s", "rlvr generation GFLOP/s",
+        "rlvr update GFLOP/s (arithmetic done)", "rlvr update, model FLOPs (MFU count)",
+        "rlvr generation GFLOP/s",
         *[f"{display_name(k)} generation GFLOP/s" for k in trl_keys],
     ]  # fmt: skip
     rows = []
@@ -499,6 +506,7 @@ def print_tables(results: list[dict]) -> None:
                 res["setting"], f"{res['shape']['params']:,}",
                 f"{b['greedy_acc']:.3f} / {b['sampled_acc']:.3f}", f"{q['matmul_gflops']:.1f}",
                 f"{q['rlvr_update_gflops']:.1f} ({q['rlvr_update_fraction']:.0%})",
+                f"{q['rlvr_update_model_gflops']:.1f} ({q['rlvr_update_model_fraction']:.0%})",
                 *[f"{q[f'{k}_generate_gflops']:.1f} ({q[f'{k}_generate_fraction']:.0%})"
                   for k in ["rlvr", *trl_keys]],
             ]

@@ -12,7 +12,9 @@ from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
 from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
 from rlvr.train.micro_batches import (
     group_micro_batches,
+    plan_update,
     token_budget_micro_batches,
+    tokens_to_run,
     trimmed_rows,
 )
 from rlvr.verifiers.math import math_reward
@@ -104,6 +106,25 @@ def test_group_micro_batches_keep_groups_whole_within_the_budget():
     assert group_micro_batches(groups, prompt, completion, 0)[0].tolist() == list(range(8))
 
 
+def test_update_plan_shares_prompts_only_when_that_runs_fewer_tokens():
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    prompt = torch.tensor([10, 10, 10, 10, 10, 10])
+    even = torch.tensor([5, 5, 6, 6, 5, 5])  # a prompt per group saves 4 x 10 prompt tokens
+    shards, shared = plan_update(torch.arange(6), groups, prompt, even, 2, 100, True)
+    assert shared and len(shards) == 2
+    assert [sorted(groups[torch.cat(s)].tolist()) for s in shards] == [[0, 0, 0], [1, 1, 1]]
+    # within each group one row is 60 tokens long: whole groups would pad every row to 60
+    uneven = torch.tensor([60, 1, 1, 60, 1, 1])
+    shards, shared = plan_update(torch.arange(6), groups, prompt, uneven, 1, 100, True)
+    assert not shared
+    rows_plan = [p for s in shards for p in s]
+    assert tokens_to_run(rows_plan, groups, prompt, uneven, False) < tokens_to_run(
+        [torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])], groups, prompt, uneven, True
+    )
+    shards, shared = plan_update(torch.arange(6), groups, prompt, even, 1, 100, False)
+    assert not shared and sorted(torch.cat(shards[0]).tolist()) == list(range(6))
+
+
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_update_with_shared_prompt_forward_equals_per_row_prompts(aggregation):
     base = GRPOConfig(
@@ -115,6 +136,7 @@ def test_update_with_shared_prompt_forward_equals_per_row_prompts(aggregation):
         dataclasses.replace(base, share_prompt_forward=True, micro_batch_tokens=80)
     )
     assert m_shared["update/micro_batches"] >= 2
+    assert m_shared["update/shared_prompts"] == 1.0 and m_rows["update/shared_prompts"] == 0.0
     assert m_rows["loss"] == pytest.approx(m_shared["loss"], abs=1e-5)
     for a, b in zip(rows.parameters(), shared.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)

@@ -43,13 +43,9 @@ from rlvr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rlvr.train.micro_batches import (
-    group_micro_batches,
-    token_budget_micro_batches,
-    trimmed_rows,
-)
+from rlvr.train.micro_batches import plan_update, trimmed_rows
 from rlvr.train.rewards import RewardFn, reward_columns, total_rewards
-from rlvr.workers import balanced_shards, default_workers, map_in_threads
+from rlvr.workers import default_workers, map_in_threads
 
 
 @dataclass(frozen=True)
@@ -152,8 +148,9 @@ class GRPOConfig:
     share_prompt_forward: bool = True
     """The update runs each group's prompt once and its G rows' completions on its KV cache
     (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved: 1.15x / 1.25x
-    one pass on the lab / long task); micro-batches then hold whole groups. False: every row
-    runs its own copy of the prompt."""
+    one pass on the lab / long task). Micro-batches then hold whole groups, so a group's
+    completions pad to its longest: each step takes this plan only when it runs fewer tokens
+    than rows sorted by length (`micro_batches.plan_update`). False: a prompt per row."""
     micro_batch_tokens: int = 0
     """Split the update into micro-batches of at most this many padded tokens (rows sorted by
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
@@ -361,27 +358,13 @@ def grpo_step(
     carrying = torch.arange(len(rewards))
     if beta_in_loss == 0 and advantages.dim() == 1:
         carrying = (advantages != 0).nonzero().squeeze(1)
-    # each worker gets a share of the rows (of whole groups when prompts are shared), balanced
-    # by tokens, cut into micro-batches
-    prompt_lengths = batch.prompt_mask.sum(dim=1)
-    row_tokens = (prompt_lengths + batch.lengths)[carrying].float()
-    share = config.share_prompt_forward and config.group_size > 1
-    unit_of_row = (
-        torch.unique(batch.group_ids[carrying], return_inverse=True)[1]
-        if share
-        else torch.arange(len(carrying))
-    )
-    num_units = int(unit_of_row.max()) + 1 if len(carrying) else 0
-    unit_tokens = torch.zeros(num_units).index_add_(0, unit_of_row, row_tokens)
+    # each worker gets a share of the rows, balanced by tokens, cut into micro-batches; whole
+    # groups, each prompt run once, when that runs fewer tokens than rows sorted by length
     budget = config.micro_batch_tokens or (WORKER_MICRO_BATCH_TOKENS if workers > 1 else 0)
-    split_rows = group_micro_batches if share else token_budget_micro_batches
-    shards: list[list[torch.Tensor]] = []
-    for units in balanced_shards(unit_tokens.tolist(), workers):
-        mine = carrying[torch.isin(unit_of_row, torch.tensor(units, dtype=torch.long))]
-        lengths = (prompt_lengths[mine], batch.lengths[mine], budget)
-        split = split_rows(batch.group_ids[mine], *lengths) if share else split_rows(*lengths)
-        shards.append([mine[part] for part in split if len(part) > 0])
-    shards = [shard for shard in shards if shard]
+    shards, share = plan_update(
+        carrying, batch.group_ids, batch.prompt_mask.sum(dim=1), batch.lengths, workers, budget,
+        config.share_prompt_forward and config.group_size > 1,
+    )  # fmt: skip
     parts = [part for shard in shards for part in shard]
     whole = len(parts) == 1 and len(carrying) == len(rewards)
     # every micro-batch's loss keeps the whole step's divisors: the summed gradient is the
@@ -491,6 +474,7 @@ def grpo_step(
             "grad_norm": grad_norm.item(),
             "lr": models.optimizer.param_groups[0]["lr"],
             "update/micro_batches": float(len(parts)),
+            "update/shared_prompts": float(share),
             "update/rows_skipped_frac": 1.0 - len(carrying) / len(rewards),
             "time/ref_logprobs_s": ref_s,
             "time/advantage_s": t2 - t1 - ref_s,

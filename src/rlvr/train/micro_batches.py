@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.workers import balanced_shards
+
 
 def token_budget_micro_batches(
     prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, max_tokens: int
@@ -101,3 +103,65 @@ def group_micro_batches(
         widest_prompt, widest_completion = p, c
     batches.append(current)
     return [torch.tensor(b, dtype=torch.long) for b in batches]
+
+
+def tokens_to_run(
+    parts: list[torch.Tensor],
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    shared_prompts: bool,
+) -> int:
+    """Padded tokens a forward pass over `parts` runs: per micro-batch, its prompts (one per
+    row, or one per group when `shared_prompts`) at its widest prompt, plus its rows at its
+    widest completion."""
+    total = 0
+    for part in parts:
+        prompts = len(torch.unique(group_ids[part])) if shared_prompts else len(part)
+        total += prompts * int(prompt_lengths[part].max())
+        total += len(part) * int(completion_lengths[part].max())
+    return total
+
+
+def plan_update(
+    rows: torch.Tensor,
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    workers: int,
+    max_tokens: int,
+    share_prompts: bool,
+) -> tuple[list[list[torch.Tensor]], bool]:
+    """The update's micro-batches, per worker, for the batch rows `rows` (indices into the
+    per-row tensors): the rows are shared among `workers` by tokens (`balanced_shards`) and
+    each share is cut into micro-batches of at most `max_tokens` padded tokens.
+
+    With `share_prompts` two plans are made: by row (sorted by length: least padding) and by
+    whole group (each group's prompt run once, but a group's completions pad to its longest);
+    the one with fewer `tokens_to_run` is taken. Returns (micro-batches of each worker, whether
+    the plan shares prompts); workers left without rows are dropped."""
+    best: tuple[int, list[list[torch.Tensor]], bool] | None = None
+    for shared in [False, True] if share_prompts else [False]:
+        if shared:
+            unit_of_row = torch.unique(group_ids[rows], return_inverse=True)[1]
+        else:
+            unit_of_row = torch.arange(len(rows))
+        num_units = int(unit_of_row.max()) + 1 if len(rows) else 0
+        row_tokens = (prompt_lengths + completion_lengths)[rows].float()
+        unit_tokens = torch.zeros(num_units).index_add_(0, unit_of_row, row_tokens)
+        shards = []
+        for units in balanced_shards(unit_tokens.tolist(), workers):
+            mine = rows[torch.isin(unit_of_row, torch.tensor(units, dtype=torch.long))]
+            lengths = (prompt_lengths[mine], completion_lengths[mine], max_tokens)
+            if shared:
+                split = group_micro_batches(group_ids[mine], *lengths)
+            else:
+                split = token_budget_micro_batches(*lengths)
+            shards.append([mine[part] for part in split if len(part) > 0])
+        shards = [shard for shard in shards if shard]
+        parts = [part for shard in shards for part in shard]
+        cost = tokens_to_run(parts, group_ids, prompt_lengths, completion_lengths, shared)
+        if best is None or cost < best[0]:
+            best = (cost, shards, shared)
+    assert best is not None
+    return best[1], best[2]
