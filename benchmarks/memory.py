@@ -3,9 +3,13 @@
     python benchmarks/memory.py            # two model sizes, three setups each
 
 Each (size, setup) runs in its own process: it imports everything, notes its resident memory,
-builds the models the setup needs, runs one full step (sample, verify, advantages, update) and
-reports its peak resident memory. The table shows the peak above the post-import baseline,
-which is what the models, optimizer states and activations cost, and its ratio to PPO's.
+builds the models the setup needs, runs one full step (sample, verify, advantages, update; a
+reward that alternates 0, 1 within each group, so that every row is updated) and reports its
+peak resident memory. rlvr's defaults hold: two worker threads, so two micro-batches'
+activations and two copies of the gradients are alive at once during the update (the last
+setup runs one worker, to show what that costs). The table
+shows the peak above the post-import baseline, which is what the models, optimizer states and
+activations cost, and its ratio to PPO's.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ SETUPS = {
                                         "kl_in_reward": True, "kl_estimator": "k1"},
     "GRPO, beta > 0 (policy, reference)": {"beta": 0.04},
     "GRPO, beta = 0 (policy only)": {"beta": 0.0},
+    "GRPO, beta = 0, one worker thread": {"beta": 0.0, "cpu_workers": 1},
 }  # fmt: skip
 
 
@@ -47,7 +52,6 @@ def child(size: str, setup: str) -> None:
     from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
     from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
     from rlvr.train.overrides import apply_overrides
-    from rlvr.verifiers.math import math_reward
 
     torch.set_num_threads(2)
     tokenizer = build_char_tokenizer()
@@ -62,8 +66,13 @@ def child(size: str, setup: str) -> None:
     def next_rows():
         return [{"prompt": p.prompt, "answer": p.answer} for p in itertools.islice(problems, 8)]
 
+    def alternating_reward(prompts, completions, **_):
+        # every group has reward variance, so every setup updates on every row (a fresh model
+        # solves nothing: under the math reward, GRPO would leave every row out of the update)
+        return [float(i % 2) for i in range(len(completions))]
+
     generator = torch.Generator().manual_seed(0)
-    grpo_step(models, tokenizer, next_rows, [math_reward], [1.0], config, generator, 2)
+    grpo_step(models, tokenizer, next_rows, [alternating_reward], [1.0], config, generator, 2)
     params = sum(p.numel() for p in policy.parameters())
     print(json.dumps({"baseline_mb": baseline, "peak_mb": rss_mb(), "params": params}))
 
