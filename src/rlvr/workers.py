@@ -7,8 +7,9 @@ small for a split to pay off, and a worker's activations stay in its core's cach
 `python benchmarks/bench_workers.py` compares them side by side (2 cores, 1.25 M parameters,
 128 rows): sampling 1.11x (lab, ~37 tokens) and 1.27x (~126 tokens) the speed of the better
 intra-op choice; the update's forward and backward 1.39x and 1.54x the speed of one pass on
-two intra-op threads (both with a prompt per row). On a GPU there is one
-worker: the device is already parallel.
+two intra-op threads (both with a prompt per row). The price is memory: two micro-batches'
+activations and two copies of the gradients at once (nothing at 1.25 M parameters, 885 MB at
+57 M: `benchmarks/memory.py`). On a GPU there is one worker: the device is already parallel.
 """
 
 from __future__ import annotations
