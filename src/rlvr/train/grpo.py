@@ -136,7 +136,7 @@ class GRPOConfig:
     cpu_workers: int = 0
     """Python threads that sample and run the update's micro-batches side by side, one torch
     thread each (`rlvr.workers`); 0: one per torch thread on a CPU, one on a GPU. Faster than
-    splitting each operator across cores for small models: 1.1-1.3x for sampling, 1.4-1.5x
+    splitting each operator across cores for small models: 1.1-1.4x for sampling, 1.2-1.4x
     for the update on 2 cores (`benchmarks/bench_workers.py`)."""
     generation_threads: int = 0
     """torch threads while sampling with a single worker (`cpu_workers=1`); 0 picks by
@@ -147,7 +147,7 @@ class GRPOConfig:
     (0: no limit); for equal-compute comparisons."""
     share_prompt_forward: bool = True
     """The update runs each group's prompt once and its G rows' completions on its KV cache
-    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved: 1.15x / 1.25x
+    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved: 1.16x / 1.23x
     one pass on the lab / long task). Micro-batches then hold whole groups, so a group's
     completions pad to its longest: each step takes this plan only when it runs fewer tokens
     than rows sorted by length (`micro_batches.plan_update`). False: a prompt per row."""
@@ -160,8 +160,8 @@ class GRPOConfig:
 
 WORKER_MICRO_BATCH_TOKENS = 2048
 """Micro-batch budget when several CPU workers share the update (`bench_workers.py`, 2 cores,
-prompts shared: 1.61x / 1.75x one pass on the lab / long task, 1.66x / 1.77x at 1024 and
-1.32x / 1.73x at 4096)."""
+prompts shared: 1.45x / 1.64x one pass on the lab / long task, 1.46x / 1.60x at 1024 and
+1.15x / 1.61x at 4096)."""
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
 ROW_ESTIMATORS = set(algo.ADVANTAGE_ESTIMATORS)  # per-completion estimators (not gae)
