@@ -29,8 +29,8 @@ class PreallocatedLayer(DynamicLayer):
         self._values: torch.Tensor | None = None
 
     def _allocate(self, like: torch.Tensor, rows: int) -> torch.Tensor:
-        b, h, _, d = like.shape
-        return like.new_empty((rows, h, self.capacity, d))
+        _, heads, _, head_dim = like.shape
+        return like.new_empty((rows, heads, self.capacity, head_dim))
 
     def _publish(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         self.keys = self._keys[:rows, :, : self.length]

@@ -9,6 +9,7 @@ on-policy update needs no second forward pass for the old log-probs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -71,12 +72,16 @@ def sample_completions(
     if num_samples < 1 or max_new_tokens < 1:
         raise ValueError("num_samples and max_new_tokens must be >= 1")
     if workers > 1 and len(prompts) > 1:
-        switches = dict(drop_finished=drop_finished, share_prompt_cache=share_prompt_cache,
-                        preallocate_cache=preallocate_cache)  # fmt: skip
+
+        def sample_shard(shard: list[str], shard_generator: torch.Generator) -> RolloutBatch:
+            return sample_completions(
+                model, tokenizer, shard, num_samples, max_new_tokens, temperature,
+                shard_generator, drop_finished, share_prompt_cache, preallocate_cache,
+            )  # fmt: skip
+
         return _sample_in_shards(
-            model, tokenizer, prompts, num_samples, max_new_tokens, temperature, generator,
-            workers, switches,
-        )  # fmt: skip
+            sample_shard, model, tokenizer.pad_token_id, prompts, generator, workers
+        )
     device = next(model.parameters()).device
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
@@ -150,18 +155,15 @@ def sample_completions(
 
 
 def _sample_in_shards(
+    sample_shard: Callable[[list[str], torch.Generator], RolloutBatch],
     model: torch.nn.Module,
-    tokenizer,
+    pad_id: int,
     prompts: list[str],
-    num_samples: int,
-    max_new_tokens: int,
-    temperature: float,
     generator: torch.Generator | None,
     workers: int,
-    switches: dict[str, bool],
 ) -> RolloutBatch:
-    """`sample_completions` over consecutive shards of `prompts`, one thread each, stacked
-    back in prompt order."""
+    """`sample_shard` over consecutive shards of `prompts`, one thread each, each with its own
+    generator seeded from `generator`; stacked back in prompt order."""
     k = min(workers, len(prompts))
     bounds = [round(i * len(prompts) / k) for i in range(k + 1)]
     on = generator.device if generator is not None else "cpu"
@@ -169,10 +171,8 @@ def _sample_in_shards(
     device = next(model.parameters()).device
 
     def shard(i: int) -> RolloutBatch:
-        return sample_completions(
-            model, tokenizer, prompts[bounds[i] : bounds[i + 1]], num_samples, max_new_tokens,
-            temperature, torch.Generator(device).manual_seed(seeds[i]), **switches,
-        )  # fmt: skip
+        shard_generator = torch.Generator(device).manual_seed(seeds[i])
+        return sample_shard(prompts[bounds[i] : bounds[i + 1]], shard_generator)
 
     was_training = model.training
     model.eval()  # once, here: the shards must not toggle the mode under each other
@@ -180,7 +180,7 @@ def _sample_in_shards(
         batches = map_in_threads(shard, list(range(k)), k)
     finally:
         model.train(was_training)
-    return concat_batches(batches, tokenizer.pad_token_id)
+    return concat_batches(batches, pad_id)
 
 
 def rollout_batch(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import signal
 import sys
@@ -501,9 +502,7 @@ def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
 
 def _sum_grads(param: torch.Tensor, grads: list[torch.Tensor | None]) -> torch.Tensor:
     """The workers' gradients of `param` summed in worker order (zeros if none reached it)."""
-    total = None
-    for g in grads:
-        total = _add(total, g)
+    total = functools.reduce(_add, grads, None)
     return total if total is not None else torch.zeros_like(param)
 
 

@@ -21,20 +21,35 @@ def token_budget_micro_batches(
     """Row indices of each micro-batch; a micro-batch's padded size
     `rows x (max prompt length + max completion length)` stays within `max_tokens` unless one
     row alone exceeds it. `max_tokens <= 0`: one micro-batch of all rows, in their order."""
-    n = len(prompt_lengths)
+    units = [[i] for i in range(len(prompt_lengths))]
+    return _pack(units, prompt_lengths, completion_lengths, max_tokens)
+
+
+def _pack(
+    units: list[list[int]],
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    max_tokens: int,
+) -> list[torch.Tensor]:
+    """Micro-batches of whole `units` (lists of row indices): units sorted by their longest row
+    (stable), each added to the current micro-batch while its padded size
+    `rows x (max prompt + max completion)` stays within `max_tokens`. `max_tokens <= 0`: one
+    micro-batch of all rows, in their order."""
+    prompt, completion = [int(x) for x in prompt_lengths], [int(x) for x in completion_lengths]
     if max_tokens <= 0:
-        return [torch.arange(n)]
-    order = torch.argsort(prompt_lengths + completion_lengths, descending=True, stable=True)
+        return [torch.arange(len(prompt))]
+    units = sorted(units, key=lambda rows: -max(prompt[i] + completion[i] for i in rows))
     batches: list[list[int]] = []
     current: list[int] = []
     widest_prompt = widest_completion = 0
-    for i in order.tolist():
-        p = max(widest_prompt, int(prompt_lengths[i]))
-        c = max(widest_completion, int(completion_lengths[i]))
-        if current and (len(current) + 1) * (p + c) > max_tokens:
+    for rows in units:
+        p = max(widest_prompt, *(prompt[i] for i in rows))
+        c = max(widest_completion, *(completion[i] for i in rows))
+        if current and (len(current) + len(rows)) * (p + c) > max_tokens:
             batches.append(current)
-            current, p, c = [], int(prompt_lengths[i]), int(completion_lengths[i])
-        current.append(i)
+            current = []
+            p, c = max(prompt[i] for i in rows), max(completion[i] for i in rows)
+        current.extend(rows)
         widest_prompt, widest_completion = p, c
     batches.append(current)
     return [torch.tensor(b, dtype=torch.long) for b in batches]
@@ -79,30 +94,10 @@ def group_micro_batches(
     by their longest row; a micro-batch's padded size `rows x (max prompt + max completion)`
     stays within `max_tokens` unless one group alone exceeds it. `max_tokens <= 0`: one
     micro-batch of all rows, in their order."""
-    n = len(group_ids)
-    if max_tokens <= 0:
-        return [torch.arange(n)]
     members: dict[int, list[int]] = {}
     for i, g in enumerate(group_ids.tolist()):
         members.setdefault(g, []).append(i)
-    units = list(members.values())
-    total = (prompt_lengths + completion_lengths).tolist()
-    units.sort(key=lambda rows: -max(total[i] for i in rows))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    widest_prompt = widest_completion = 0
-    for rows in units:
-        p = max([widest_prompt] + [int(prompt_lengths[i]) for i in rows])
-        c = max([widest_completion] + [int(completion_lengths[i]) for i in rows])
-        if current and (len(current) + len(rows)) * (p + c) > max_tokens:
-            batches.append(current)
-            current = []
-            p = max(int(prompt_lengths[i]) for i in rows)
-            c = max(int(completion_lengths[i]) for i in rows)
-        current.extend(rows)
-        widest_prompt, widest_completion = p, c
-    batches.append(current)
-    return [torch.tensor(b, dtype=torch.long) for b in batches]
+    return _pack(list(members.values()), prompt_lengths, completion_lengths, max_tokens)
 
 
 def tokens_to_run(
