@@ -1,0 +1,184 @@
+"""Pinned behaviour: two seeded GRPO steps per recipe give the numbers recorded before the
+restructure (rtol 1e-4). A move that changes what a step computes breaks this test.
+
+The model is the untrained 32-wide tiny model; the reward counts distinct characters in a
+completion, so every group has spread and every switch (clip, KL, critic, dynamic sampling,
+overlong shaping, several workers and micro-batches) does real work. The values were recorded
+on main at c9da05e by running this file with RLVR_PIN_PRINT=1. The loss sits near 0 where the
+advantages are centred on-policy, so it is also compared to 1e-6 absolute.
+
+The slow test pins the lab itself: its seeded held-out numbers at the default settings.
+"""
+
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+
+from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from rlvr.report.run_dir import RunDirectory
+from rlvr.tasks import arithmetic
+from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.train.grpo import GRPOConfig, train_grpo
+from rlvr.train.recipes import recipe_config
+
+PINNED_KEYS = ("loss", "grad_norm", "reward/mean")
+
+BASE = GRPOConfig(
+    steps=2,
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=12,
+    lr=1e-3,
+    eval_every=1000,
+    monitor_every=0,
+    checkpoint_every=0,
+    cpu_workers=1,
+)
+CASES = {
+    "grpo": recipe_config("grpo", BASE),
+    "rloo": recipe_config("rloo", BASE),
+    "dr_grpo": recipe_config("dr_grpo", BASE),
+    "dapo": recipe_config("dapo", dataclasses.replace(BASE, max_new_tokens=12)),
+    "gspo": recipe_config("gspo", BASE),
+    "reinforce++": recipe_config("reinforce++", BASE),
+    "ppo": recipe_config("ppo", BASE),
+    "workers-micro-batches-mu2": dataclasses.replace(
+        BASE, cpu_workers=2, micro_batch_tokens=64, mu=2, beta=0.04, ref_sync_every=1
+    ),
+    "no-shared-prompts": dataclasses.replace(
+        BASE, share_prompt_forward=False, micro_batch_tokens=64, mask_truncated=True
+    ),
+}
+
+EXPECTED: dict[str, list[dict[str, float]]] = {
+    "grpo": [
+        {
+            "loss": -4.470348358154297e-08,
+            "grad_norm": 1.1022700071334839,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": 7.141381502151489e-06, "grad_norm": 0.7574906349182129, "reward/mean": 1.046875},
+    ],
+    "rloo": [
+        {
+            "loss": -2.0489096641540527e-08,
+            "grad_norm": 0.7307212352752686,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": -4.842877388000488e-08, "grad_norm": 0.40332168340682983, "reward/mean": 1.046875},
+    ],
+    "dr_grpo": [
+        {
+            "loss": -0.0950520932674408,
+            "grad_norm": 0.2661852538585663,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": -0.053493939340114594, "grad_norm": 0.20154330134391785, "reward/mean": 1.046875},
+    ],
+    "dapo": [
+        {
+            "loss": 0.02020944654941559,
+            "grad_norm": 0.7153564691543579,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": 0.0569273866713047, "grad_norm": 0.7496012449264526, "reward/mean": 1.046875},
+    ],
+    "gspo": [
+        {
+            "loss": -2.2351741790771484e-08,
+            "grad_norm": 1.1022700071334839,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": -3.725290298461914e-08, "grad_norm": 0.7573332190513611, "reward/mean": 1.046875},
+    ],
+    "reinforce++": [
+        {
+            "loss": -0.3136735260486603,
+            "grad_norm": 0.667086124420166,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": -0.18108050525188446, "grad_norm": 0.6727432012557983, "reward/mean": 1.046875},
+    ],
+    "ppo": [
+        {
+            "loss": -9.053869653996571e-09,
+            "grad_norm": 0.7700075507164001,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": -1.3154128453152225e-07, "grad_norm": 0.888168215751648, "reward/mean": 1.046875},
+    ],
+    "workers-micro-batches-mu2": [
+        {"loss": -0.06450110860168934, "grad_norm": 0.6735321879386902, "reward/mean": 1.09375},
+        {"loss": -0.04974283347837627, "grad_norm": 0.5810663104057312, "reward/mean": 1.046875},
+    ],
+    "no-shared-prompts": [
+        {
+            "loss": 0.752577930688858,
+            "grad_norm": 1.5990945100784302,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": 1.4150903224945068, "grad_norm": 3.2534849643707275, "reward/mean": 1.046875},
+    ],
+}
+
+
+def distinct_reward(prompts, completions, **_):
+    """A reward that differs inside every group: distinct characters, up to 12."""
+    return [len(set(c)) / 12 for c in completions]
+
+
+def run_two_steps(config: GRPOConfig, tmp_path) -> list[dict[str, float]]:
+    torch.set_num_threads(2)
+    tokenizer = build_char_tokenizer()
+    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = build_tiny_model(tiny, tokenizer, seed=0)
+    task = ArithmeticTaskConfig(digits=2)
+    rows = ({"prompt": p.prompt, "answer": p.answer} for p in arithmetic.train_problems(task, 3))
+    records = train_grpo(
+        model,
+        tokenizer,
+        rows,
+        [distinct_reward],
+        config,
+        RunDirectory(tmp_path, "pin"),
+        evaluate=lambda m: {},
+        seed=0,
+        progress=False,
+    )
+    return [{k: r[k] for k in PINNED_KEYS} for r in records if r["step"] > 0]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_two_seeded_steps_give_the_pinned_numbers(name, tmp_path):
+    got = run_two_steps(CASES[name], tmp_path)
+    if os.environ.get("RLVR_PIN_PRINT"):
+        print(f"PIN {name!r}: {got!r},")
+        return
+    expected = EXPECTED[name]
+    assert len(got) == len(expected) == 2
+    for step, (g, e) in enumerate(zip(got, expected), start=1):
+        for key in PINNED_KEYS:
+            assert g[key] == pytest.approx(e[key], rel=1e-4, abs=1e-6), (name, step, key)
+
+
+@pytest.mark.slow
+def test_the_lab_gives_its_seeded_numbers(tmp_path):
+    """The README's lab: greedy 0.365 -> 0.995, sampled 0.501 -> 0.939 (minutes on 2 cores)."""
+    from rlvr.cli import main
+
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    main(["lab", "--runs-dir", str(runs), "--cache-dir", str(cache), "--no-progress"])
+    summary = json.loads(next(runs.glob("*/summary.json")).read_text())
+    got = {k: summary[k] for k in LAB}
+    assert got == pytest.approx(LAB, abs=1e-9)
+
+
+LAB = {
+    "base_greedy_acc": 0.365,
+    "final_greedy_acc": 0.995,
+    "base_sampled_acc": 0.501,
+    "final_sampled_acc": 0.939,
+}
