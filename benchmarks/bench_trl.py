@@ -130,7 +130,8 @@ def child_rlvr(spec: dict) -> None:
 
     from rlvr.models.tiny import load_model
     from rlvr.report.run_dir import RunDirectory, read_jsonl
-    from rlvr.train.grpo import GRPOConfig, train_grpo
+    from rlvr.train.config import GRPOConfig
+    from rlvr.train.grpo import train_grpo
 
     torch.set_num_threads(2)  # the lab's `threads`: the update's thread count
     _, task = common.lab_setup(spec["digits"])

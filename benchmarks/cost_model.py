@@ -81,7 +81,8 @@ def measure(point: dict, steps: int) -> list[dict]:
 
     from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
     from rlvr.report.run_dir import RunDirectory
-    from rlvr.train.grpo import GRPOConfig, train_grpo
+    from rlvr.train.config import GRPOConfig
+    from rlvr.train.grpo import train_grpo
 
     layers, hidden, heads = SIZES[point["size"]]
     tiny = TinyModelConfig(

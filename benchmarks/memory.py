@@ -48,10 +48,10 @@ def child(size: str, setup: str) -> None:
 
     import torch
 
+    from rlvr.config import apply_overrides
     from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
     from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
     from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
-    from rlvr.train.overrides import apply_overrides
 
     torch.set_num_threads(2)
     tokenizer = build_char_tokenizer()

@@ -8,7 +8,7 @@ from torch import nn
 
 from rlvr.algo.gae import outcome_to_token_rewards
 from rlvr.algo.kl import kl_in_reward
-from rlvr.algo.reference import sync_reference
+from rlvr.train.reference import sync_reference
 
 GARBAGE = 1e6
 LN2 = math.log(2.0)  # 0.6931472

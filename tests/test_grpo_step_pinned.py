@@ -21,7 +21,8 @@ from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_m
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from rlvr.train.grpo import GRPOConfig, train_grpo
+from rlvr.train.config import GRPOConfig
+from rlvr.train.grpo import train_grpo
 from rlvr.train.recipes import recipe_config
 
 PINNED_KEYS = ("loss", "grad_norm", "reward/mean")
@@ -179,6 +180,6 @@ def test_the_lab_gives_its_seeded_numbers(tmp_path):
 LAB = {
     "base_greedy_acc": 0.365,
     "final_greedy_acc": 0.995,
-    "base_sampled_acc": 0.501,
-    "final_sampled_acc": 0.939,
+    "base_sampled_acc": 0.50125,
+    "final_sampled_acc": 0.939375,
 }

@@ -11,8 +11,9 @@ from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_m
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.train.config import GRPOConfig
 from rlvr.train.evaluate import held_out_accuracy
-from rlvr.train.grpo import GRPOConfig, train_grpo
+from rlvr.train.grpo import train_grpo
 from rlvr.train.sft import train_next_token
 from rlvr.verifiers.math import math_reward
 

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 
 from rlvr.cli import main
-from rlvr.train.grpo import GRPOConfig, check_grpo_config
-from rlvr.train.overrides import apply_overrides
+from rlvr.config import apply_overrides
+from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.recipes import RECIPES, describe_recipe, recipe_config
 
 

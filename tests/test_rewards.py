@@ -2,7 +2,7 @@ import math
 
 import torch
 
-from rlvr.train.rewards import total_rewards
+from rlvr.tasks.rewards import total_rewards
 
 
 def exact(prompts, completions, answer, **kwargs):

@@ -3,9 +3,13 @@ from types import SimpleNamespace
 
 import torch
 
-from rlvr.models.logprobs import completion_logprobs, completion_logprobs_shared_prompts
+from rlvr.models.logprobs import (
+    completion_logprobs,
+    completion_logprobs_shared_prompts,
+    position_ids_from_mask,
+)
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
-from rlvr.rollout.sampler import position_ids_from_mask, sample_completions
+from rlvr.rollout.sampler import sample_completions
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id

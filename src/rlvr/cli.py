@@ -201,7 +201,7 @@ def lab(config: LabConfig) -> None:
 
 def resolve_switches(config: LabConfig) -> LabConfig:
     """Apply `--set key=value` overrides to the GRPO switches (unknown keys name valid ones)."""
-    from rlvr.train.overrides import apply_overrides
+    from rlvr.config import apply_overrides
 
     if not config.set:
         return config
@@ -372,7 +372,7 @@ def _resume_config(args: list[str]) -> LabConfig:
 
     import yaml
 
-    from rlvr.train.overrides import config_from_dict
+    from rlvr.config import config_from_dict
 
     rest, runs_dir, run_name, progress = list(args), "runs", "lab", True
     i = rest.index("--resume")

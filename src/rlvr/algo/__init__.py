@@ -42,7 +42,6 @@ from rlvr.algo.reductions import (
     masked_sum,
     masked_whiten,
 )
-from rlvr.algo.reference import sync_reference
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -82,7 +81,6 @@ __all__ = [
     "scale_by_batch_std",
     "scale_by_group_std",
     "scale_none",
-    "sync_reference",
     "truncation_mask",
     "value_loss",
     "zero_std_group_fraction",

@@ -5,7 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from rlvr.rollout.sampler import position_ids_from_mask
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that skip left padding: 0 at each row's first real token. [N, L] -> [N, L]."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 def completion_logprobs(

@@ -10,7 +10,7 @@ import copy
 
 import torch
 
-from rlvr.rollout.sampler import position_ids_from_mask
+from rlvr.models.logprobs import position_ids_from_mask
 
 
 class ValueModel(torch.nn.Module):

@@ -39,8 +39,9 @@ from rlvr.tasks import arithmetic, reasoning
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.spec import TaskSpec
+from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.evaluate import held_out_accuracy
-from rlvr.train.grpo import GRPOConfig, check_grpo_config, train_grpo
+from rlvr.train.grpo import train_grpo
 from rlvr.train.sft import train_next_token
 
 BASE_FORMAT_VERSION = 1  # bump when the corpus or base training changes meaning

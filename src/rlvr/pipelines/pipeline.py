@@ -29,10 +29,10 @@ from typing import Any
 
 import yaml
 
+from rlvr.config import config_from_dict
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
 from rlvr.tasks import reasoning
-from rlvr.train.overrides import config_from_dict
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 TOP_LEVEL_KEYS = ("name", "description", "task", "tiny", "seed", "eval_modes", "stages")

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rlvr.config import apply_overrides
 from rlvr.models.tiny import (
     TinyModelConfig,
     load_model,
@@ -39,9 +40,9 @@ from rlvr.report.run_dir import RunDirectory
 from rlvr.rollout.sampler import sample_completions
 from rlvr.tasks import reasoning
 from rlvr.tasks.spec import TaskSpec
+from rlvr.train.config import GRPOConfig
 from rlvr.train.evaluate import held_out_accuracy
-from rlvr.train.grpo import GRPOConfig, train_grpo
-from rlvr.train.overrides import apply_overrides
+from rlvr.train.grpo import train_grpo
 
 BASE_FORMAT = 1  # bump when base training changes, so cached bases are rebuilt
 
@@ -393,7 +394,7 @@ STAGE_KINDS: dict[str, tuple[type, Callable[..., dict[str, str]]]] = {
 def stage_settings(kind: str, params: dict[str, Any]) -> Any:
     """The settings dataclass of a stage of `kind`; unknown kinds and keys name the valid
     ones."""
-    from rlvr.train.overrides import config_from_dict
+    from rlvr.config import config_from_dict
 
     if kind not in STAGE_KINDS:
         raise ValueError(f"unknown stage kind {kind!r}; valid kinds: {sorted(STAGE_KINDS)}")

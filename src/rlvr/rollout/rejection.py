@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlvr.rollout.sampler import sample_completions
-from rlvr.train.rewards import reward_columns, total_rewards
+from rlvr.tasks.rewards import reward_columns, total_rewards
 
 Row = dict[str, Any]
 STAGES = ("rejected", "truncated", "filtered", "duplicates", "capped", "kept")

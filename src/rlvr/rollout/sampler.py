@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.models.logprobs import position_ids_from_mask
 from rlvr.rollout.kv_cache import decode_cache
 from rlvr.workers import map_in_threads
 
@@ -34,11 +35,6 @@ class RolloutBatch:
     @property
     def lengths(self) -> torch.Tensor:  # [N] completion tokens, EOS included
         return self.completion_mask.sum(dim=1)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions that skip left padding: 0 at each row's first real token. [N, L] -> [N, L]."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlvr.train.grpo import GRPOConfig
-from rlvr.train.overrides import apply_overrides
+from rlvr.config import apply_overrides
+from rlvr.train.config import GRPOConfig
 
 RECIPES: dict[str, dict[str, Any]] = {
     # DeepSeekMath (arXiv:2402.03300): group mean/std, per-sequence token means, k3 KL in loss

@@ -1,7 +1,8 @@
 """Reference-model synchronisation: copy (``alpha = 1``) or blend the policy into the reference.
 
-The one function of ``algo/`` that takes modules (it needs their parameters) but still no
-config: ``alpha`` is passed in flat. It mutates the reference in place under ``no_grad``.
+It takes modules (it needs their parameters), so it lives with the loop rather than with the
+pure formulas of ``algo/``; ``alpha`` is passed in flat. It mutates the reference in place under
+``no_grad``.
 """
 
 from __future__ import annotations
