@@ -1,81 +1,380 @@
-"""`--set key=value` overrides of a dataclass config, with errors that name the valid keys."""
+"""Typed configs: frozen dataclasses built from dicts, YAML files and `--set key=value` text.
+
+Every value is checked against its field's annotation, so a mistake in a config file fails
+when the file is read, naming the field, rather than deep inside a run. Supported annotations:
+int, float, bool, str, `X | None` (and Optional, other unions), Literal, tuple[...] and list[...]
+of those, dict[K, V], nested dataclasses and Any. Other annotations are checked with
+`isinstance` when they are classes and passed through unchecked otherwise.
+
+Coercions, the only ones (each lossless, each what YAML or a command line produces):
+- an int for a float field becomes a float; a bool is never a number (True is an int in Python);
+- a str for a non-str field is read as text, on every path (PyYAML reads `lr: 5e-4` as the
+  string '5e-4', and `--set key=value` passes strings): `int(text)` for int, `float(text)` for
+  float, true/false/yes/no/1/0 (any case) for bool, none/null/'' (any case) for the None of an
+  optional field, and a Literal option whose str() is the text;
+- a list or tuple for a tuple[...] or list[...] field becomes that container.
+
+Errors are `ConfigError`, one line: the field path, the type expected and the value given,
+e.g. `stages[2].grpo.lr: expected float, got '5e-4x' (str, not a valid float)`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import os
 import types
 import typing
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import yaml
 
 T = TypeVar("T")
 
+_NONE_TEXT = ("none", "null", "")
+_BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
 
-def apply_overrides(config: T, assignments: dict[str, Any] | list[str]) -> T:
-    """A copy of the dataclass `config` with fields replaced.
 
-    `assignments` is a dict of field -> value, or `key=value` strings whose values are parsed by
-    the field's type (bool accepts true/false/1/0; `none` gives None for optional fields). An
-    unknown key raises ValueError naming the valid keys and the nearest match.
+class UserError(Exception):
+    """A mistake in the user's input: the CLI prints its message on one line and exits 2."""
+
+
+class ConfigError(UserError, ValueError):
+    """A config key or value that does not fit its dataclass; the message names the field path.
+
+    A ValueError too, so callers that caught the untyped errors of earlier versions still do.
     """
-    if isinstance(assignments, list):
+
+
+# --- public functions ---------------------------------------------------------------------
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
+    """Build the dataclass `cls` from `data`, checking every value against its annotation.
+
+    Nested dataclass fields are built from nested mappings; fields missing from `data` keep
+    their defaults. `where` is the path of `data` inside a larger document (e.g.
+    `stages[2].grpo`) and prefixes every field path in errors. Raises ConfigError for an
+    unknown key (naming the nearest valid one), a missing required key or a wrong type.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where or cls.__name__}: {_mismatch_text(cls, data)}")
+    fields = _init_fields(cls)
+    for key in data:
+        _check_known(key, fields, where)
+    missing = [name for name, f in fields.items() if name not in data and _required(f)]
+    if missing:
+        raise ConfigError(f"{_prefix(where)}missing required key(s): {', '.join(missing)}")
+    hints = _type_hints(cls)
+    values = {
+        name: _convert(value, hints[name], _join(where, name)) for name, value in data.items()
+    }
+    return cls(**values)
+
+
+def config_from_dict(cls: type[T], data: Mapping[str, Any]) -> T:
+    """Rebuild a (nested) dataclass config from its dict form, e.g. a run's config.yaml.
+
+    The same as `from_dict(cls, data)`, kept for existing callers.
+    """
+    return from_dict(cls, data)
+
+
+def apply_overrides(
+    config: T, assignments: Mapping[str, Any] | Sequence[str], *, where: str = ""
+) -> T:
+    """A copy of the dataclass `config` with some fields replaced, each value type-checked.
+
+    `assignments` is a mapping of key -> value or a list of `key=value` strings (the values
+    then are text, read by the field's annotation as the module docstring says). Keys may use
+    `-` for `_` and may be dotted (`grpo.lr`) to reach into nested dataclass fields; a mapping
+    given for a nested dataclass field overrides only the keys it names. `where` prefixes the
+    field paths in errors. Raises ConfigError for a malformed assignment, an unknown key
+    (naming the nearest valid one and the valid keys) or a wrong type.
+    """
+    if isinstance(assignments, str):
+        raise TypeError("assignments must be a mapping or a list of key=value strings")
+    if not isinstance(assignments, Mapping):
         assignments = dict(_split(a) for a in assignments)
-    fields = {f.name: f for f in dataclasses.fields(config)}
-    hints = typing.get_type_hints(type(config))
-    changes = {}
+    fields, hints = _init_fields(type(config)), _type_hints(type(config))
+    changes: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
     for key, value in assignments.items():
-        name = key.replace("-", "_")
-        if name not in fields:
-            nearest = difflib.get_close_matches(name, fields, n=1)
-            hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
-            raise ValueError(f"unknown key {key!r}{hint}; valid keys: {', '.join(sorted(fields))}")
-        changes[name] = _coerce(value, hints[name], key) if isinstance(value, str) else value
+        name, dot, rest = str(key).replace("-", "_").partition(".")
+        _check_known(name, fields, where, shown=str(key).partition(".")[0])
+        if dot:
+            nested.setdefault(name, {})[rest] = value
+        elif _is_dataclass_type(hints[name]) and isinstance(value, Mapping):
+            nested.setdefault(name, {}).update(value)
+        else:
+            changes[name] = _convert(value, hints[name], _join(where, name))
+    for name, sub in nested.items():
+        inner = changes.get(name, getattr(config, name))
+        path = _join(where, name)
+        if not dataclasses.is_dataclass(inner) or isinstance(inner, type):
+            raise ConfigError(f"{path}: {type(inner).__name__} has no fields to set")
+        changes[name] = apply_overrides(inner, sub, where=path)
     return dataclasses.replace(config, **changes)
 
 
+def to_dict(config: Any) -> dict[str, Any]:
+    """The dataclass `config` as plain data (dicts, lists, scalars) for a config.yaml.
+
+    The inverse of `from_dict`: `from_dict(type(c), to_dict(c)) == c`. Tuples become lists;
+    fields with `init=False` are left out (from_dict could not set them).
+    """
+    if not dataclasses.is_dataclass(config) or isinstance(config, type):
+        raise TypeError(f"to_dict takes a dataclass instance, got {type(config).__name__}")
+    return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config) if f.init}
+
+
+def load_yaml_config(cls: type[T], path: str | os.PathLike[str], *, where: str = "") -> T:
+    """Read the YAML file `path` into the dataclass `cls` with `from_dict`.
+
+    An empty file gives the defaults. Every error (unreadable file, invalid YAML, unknown key,
+    wrong type) is a one-line ConfigError that starts with the file's path.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML{_yaml_problem(exc)}") from None
+    try:
+        return from_dict(cls, {} if data is None else data, where=where)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+# --- checking one value against one annotation ----------------------------------------------
+
+
+def _convert(value: Any, hint: Any, path: str) -> Any:
+    """`value` as the annotation `hint` asks, or a ConfigError naming `path`."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return value
+    if _is_dataclass_type(hint):
+        return _to_dataclass(value, hint, path)
+    if origin in (typing.Union, types.UnionType):
+        return _to_union(value, hint, path)
+    if origin is Literal:
+        return _to_literal(value, hint, path)
+    if origin in (tuple, list) or hint in (tuple, list):
+        return _to_sequence(value, hint, path)
+    if origin is dict or hint is dict:
+        return _to_mapping(value, hint, path)
+    if hint in (bool, int, float, str):
+        return _to_scalar(value, hint, path)
+    if isinstance(hint, type) and not isinstance(value, hint):
+        raise _mismatch(path, hint, value)
+    return value
+
+
+def _to_scalar(value: Any, hint: type, path: str) -> Any:
+    """A bool, int, float or str for `hint`: exact types, int -> float, text read by type."""
+    if isinstance(value, str) and hint is not str:
+        return _parse_text(value, hint, path)
+    if isinstance(value, bool) != (hint is bool):  # True is an int, but never a number here
+        raise _mismatch(path, hint, value)
+    if hint is float and isinstance(value, int):
+        return float(value)
+    if isinstance(value, hint):
+        return value
+    raise _mismatch(path, hint, value)
+
+
+def _parse_text(text: str, hint: type, path: str) -> Any:
+    """The bool, int or float that `text` spells, or a ConfigError."""
+    if hint is bool:
+        parsed = _BOOL_TEXT.get(text.strip().lower())
+        if parsed is not None:
+            return parsed
+    else:
+        try:
+            return hint(text)
+        except ValueError:
+            pass
+    raise _mismatch(path, hint, text, note=f"not a valid {hint.__name__}")
+
+
+def _to_union(value: Any, hint: Any, path: str) -> Any:
+    """The first option of the union `hint` that takes `value` (exact types tried first)."""
+    options = typing.get_args(hint)
+    none_ok = type(None) in options
+    if value is None and none_ok:
+        return None
+    if none_ok and isinstance(value, str) and value.strip().lower() in _NONE_TEXT:
+        return None
+    others = [o for o in options if o is not type(None)]
+    if len(others) == 1:  # `X | None`: X's own error is the precise one
+        return _convert(value, others[0], path)
+    exact = [o for o in others if type(value) is o]
+    for option in exact + others:
+        try:
+            return _convert(value, option, path)
+        except ConfigError:
+            continue
+    raise _mismatch(path, hint, value)
+
+
+def _to_literal(value: Any, hint: Any, path: str) -> Any:
+    """One of the Literal's options: equal and of the same type, or spelled by text."""
+    options = typing.get_args(hint)
+    for option in options:
+        if type(value) is type(option) and value == option:
+            return option
+    if isinstance(value, str):
+        for option in options:
+            if str(option).lower() == value.strip().lower() and not isinstance(option, str):
+                return option
+    raise _mismatch(path, hint, value)
+
+
+def _to_sequence(value: Any, hint: Any, path: str) -> Any:
+    """A tuple or list (by `hint`) of checked items from a list or tuple `value`."""
+    container = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if not isinstance(value, (list, tuple)):
+        raise _mismatch(path, hint, value)
+    if not args:
+        item_hints: list[Any] = [Any] * len(value)
+    elif container is list or (len(args) == 2 and args[1] is Ellipsis):
+        item_hints = [args[0]] * len(value)
+    elif len(args) == len(value):
+        item_hints = list(args)
+    else:
+        raise _mismatch(path, hint, value, note=f"{len(value)} items")
+    items = [_convert(v, h, f"{path}[{i}]") for i, (v, h) in enumerate(zip(value, item_hints))]
+    return container(items)
+
+
+def _to_mapping(value: Any, hint: Any, path: str) -> dict[Any, Any]:
+    """A dict of checked keys and values; a value's path is `path.key`."""
+    if not isinstance(value, Mapping):
+        raise _mismatch(path, hint, value)
+    key_hint, value_hint = typing.get_args(hint) or (Any, Any)
+    return {
+        _convert(k, key_hint, f"{path}: key {k!r}"): _convert(v, value_hint, _join(path, str(k)))
+        for k, v in value.items()
+    }
+
+
+def _to_dataclass(value: Any, cls: type, path: str) -> Any:
+    """An instance of the dataclass `cls` as it is, or one built from a mapping."""
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, Mapping):
+        return from_dict(cls, value, where=path)
+    raise _mismatch(path, cls, value)
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """The resolved annotations of `cls` (string annotations evaluated in its module)."""
+    return typing.get_type_hints(cls)
+
+
+def _init_fields(cls: type) -> dict[str, dataclasses.Field[Any]]:
+    """The fields of the dataclass `cls` that its constructor takes, by name."""
+    if not _is_dataclass_type(cls):
+        raise TypeError(f"{cls!r} is not a dataclass")
+    return {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
+def _is_dataclass_type(hint: Any) -> bool:
+    """Whether `hint` is a dataclass class (not an instance)."""
+    return isinstance(hint, type) and dataclasses.is_dataclass(hint)
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    """Whether the field has no default."""
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def _check_known(name: Any, fields: Mapping[str, Any], where: str, shown: Any = None) -> None:
+    """Refuse a key that names no field, with the nearest valid key and all of them; `shown`
+    is the key as the user wrote it (default: `name`)."""
+    if name in fields:
+        return
+    shown = name if shown is None else shown
+    nearest = difflib.get_close_matches(str(name), list(fields), n=1)
+    hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
+    valid = ", ".join(sorted(fields))
+    raise ConfigError(f"{_prefix(where)}unknown key {shown!r}{hint}; valid keys: {valid}")
+
+
 def _split(assignment: str) -> tuple[str, str]:
+    """`key=value` as (key, value), both stripped."""
     key, sep, value = assignment.partition("=")
-    if not sep or not key:
-        raise ValueError(f"expected key=value, got {assignment!r}")
+    if not sep or not key.strip():
+        raise ConfigError(f"expected key=value, got {assignment!r}")
     return key.strip(), value.strip()
 
 
-def _coerce(text: str, annotation: Any, key: str) -> Any:
-    origin = typing.get_origin(annotation)
+def _plain(value: Any) -> Any:
+    """`value` with dataclasses as dicts and tuples as lists, recursively."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_dict(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _join(where: str, name: str) -> str:
+    """The path of field `name` inside `where`."""
+    return f"{where}.{name}" if where else name
+
+
+def _prefix(where: str) -> str:
+    """`where: ` or nothing at the top level."""
+    return f"{where}: " if where else ""
+
+
+def _type_name(hint: Any) -> str:
+    """A short readable name of an annotation: `float | None`, `tuple[str, ...]`, `'a' | 'b'`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(annotation)
-        if type(None) in options and text.lower() in ("none", "null", ""):
-            return None
-        annotation = next(a for a in options if a is not type(None))
-    try:
-        if annotation is bool:
-            lowered = text.lower()
-            if lowered not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError(text)
-            return lowered in ("true", "1", "yes")
-        if annotation in (int, float, str):
-            return annotation(text)
-    except ValueError:
-        raise ValueError(f"{key}={text!r} is not a valid {annotation.__name__}") from None
-    raise ValueError(f"{key} has type {annotation} which --set cannot parse")
+        return " | ".join(_type_name(a) for a in args)
+    if origin is Literal:
+        return " | ".join(repr(a) for a in args)
+    if origin is not None:
+        inner = ", ".join("..." if a is Ellipsis else _type_name(a) for a in args)
+        return f"{getattr(origin, '__name__', origin)}[{inner}]"
+    if hint is type(None):
+        return "None"
+    return getattr(hint, "__name__", str(hint))
 
 
-def config_from_dict(cls: type[T], data: dict[str, Any]) -> T:
-    """Rebuild a (nested) dataclass config from its `dataclasses.asdict` form, e.g. a run's
-    config.yaml. Unknown keys are refused, naming the valid ones."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - fields
-    if unknown:
-        raise ValueError(
-            f"unknown key(s) {sorted(unknown)} for {cls.__name__}; valid keys: {sorted(fields)}"
-        )
-    values = {}
-    for name, value in data.items():
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
-            value = config_from_dict(hint, value)
-        elif typing.get_origin(hint) is tuple and isinstance(value, list):
-            value = tuple(value)
-        values[name] = value
-    return cls(**values)
+def _mismatch_text(hint: Any, value: Any, note: str = "") -> str:
+    """`expected float, got '5e-4x' (str)`, the value's repr shortened to keep one line and
+    `note` (why a value of the right kind was refused) added after its type."""
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    detail = f"{type(value).__name__}, {note}" if note else type(value).__name__
+    return f"expected {_type_name(hint)}, got {shown} ({detail})"
+
+
+def _mismatch(path: str, hint: Any, value: Any, note: str = "") -> ConfigError:
+    """The ConfigError for `value` at `path` not fitting `hint`."""
+    return ConfigError(f"{path}: {_mismatch_text(hint, value, note)}")
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """` at line L, column C: problem` from a PyYAML error, on one line."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc)
+    return f"{where}: {' '.join(str(problem).split())}"
