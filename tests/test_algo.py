@@ -8,20 +8,22 @@ import torch
 from rlvr.algo import (
     AGGREGATIONS,
     KL_ESTIMATORS,
+    advantages_dr_grpo,
+    advantages_grpo,
+    advantages_rloo,
     aggregate_seq_mean_token_mean,
     aggregate_seq_mean_token_sum_norm,
     aggregate_token_mean,
-    clipped_surrogate,
-    grpo_advantages,
     kl_k1,
     kl_k2,
     kl_k3,
     masked_mean,
     masked_sum,
     policy_loss,
-    rloo_advantages,
+    ratio_surrogate,
     zero_std_group_fraction,
 )
+from tests.helpers import close
 
 GARBAGE = 1e6  # written into padded positions; must never show up in a result or a gradient
 
@@ -32,15 +34,6 @@ PER_TOKEN = torch.tensor([[1.0, 2.0, 3.0, GARBAGE], [4.0, GARBAGE, GARBAGE, GARB
 LOG_HALF = math.log(0.5)
 LOG_QUARTER = math.log(0.25)
 LN2 = math.log(2.0)  # 0.693147
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float32),
-        torch.as_tensor(expected, dtype=torch.float32),
-        atol=atol,
-        rtol=0,
-    )
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -205,8 +198,8 @@ class TestGrpoAdvantages:
         # group 1: all rewards equal -> 0
         a = 0.8658754
         expected = [a, -a, -a, a, 0.0, 0.0, 0.0, 0.0]
-        close(grpo_advantages(rewards, group_ids), expected)
-        close(grpo_advantages(rewards, group_ids, eps=1e-4), expected)
+        close(advantages_grpo(rewards, group_ids), expected)
+        close(advantages_grpo(rewards, group_ids, eps=1e-4), expected)
 
     def test_non_contiguous_ids_unequal_sizes(self):
         rewards = torch.tensor([1.0, 2.0, 0.0, 4.0, 2.0, 5.0])
@@ -217,14 +210,14 @@ class TestGrpoAdvantages:
         #   var (1 + 1) / 1 = 2, std 1.4142136, A = -+1 / (1.4142136 + 1e-4) = -+0.7070568
         # group 42 = {5}: size 1 -> 0
         expected = [0.0, -0.7070568, -0.9999000, 0.7070568, 0.9999000, 0.0]
-        close(grpo_advantages(rewards, group_ids), expected)
+        close(advantages_grpo(rewards, group_ids), expected)
 
     def test_unscaled_dr_grpo(self):
         rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
         group_ids = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
         # r - group mean: group 0 mean 0.5 -> +-0.5; group 1 mean 1 -> 0
         expected = [0.5, -0.5, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
-        close(grpo_advantages(rewards, group_ids, scale=False), expected)
+        close(advantages_dr_grpo(rewards, group_ids), expected)
 
     def test_zero_variance_is_exactly_zero_even_with_eps_zero(self):
         # 0.1 * 3 / 3 != 0.1 in floating point; a constant group must still give exactly 0,
@@ -232,13 +225,13 @@ class TestGrpoAdvantages:
         rewards = torch.tensor([0.1, 0.1, 0.1, 0.3, 0.7], dtype=torch.float64)
         group_ids = torch.tensor([5, 5, 5, 9, 9])
         # group 9: mean 0.5, deviations -+0.2, var 0.08 / 1, std 0.2828427, A = -+0.7071068
-        out = grpo_advantages(rewards, group_ids, eps=0.0)
+        out = advantages_grpo(rewards, group_ids, eps=0.0)
         assert (out[:3] == 0).all()
         close(out[3:], [-0.7071068, 0.7071068])
 
     def test_integer_rewards(self):
         # int rewards {1, 0} in one group: mean 0.5, var 0.5 / 1, std 0.7071068, unscaled +-0.5
-        out = grpo_advantages(torch.tensor([1, 0]), torch.tensor([2, 2]), scale=False)
+        out = advantages_dr_grpo(torch.tensor([1, 0]), torch.tensor([2, 2]))
         assert out.dtype.is_floating_point
         close(out, [0.5, -0.5])
 
@@ -246,7 +239,7 @@ class TestGrpoAdvantages:
         gen = torch.Generator().manual_seed(0)
         rewards = torch.rand(40, generator=gen, dtype=torch.float64)
         group_ids = torch.randint(0, 9, (40,), generator=gen) * 11  # sparse ids
-        out = grpo_advantages(rewards, group_ids)
+        out = advantages_grpo(rewards, group_ids)
         for g in group_ids.unique():
             sel = group_ids == g
             r = rewards[sel]
@@ -255,11 +248,11 @@ class TestGrpoAdvantages:
 
     def test_bad_inputs_raise(self):
         with pytest.raises(ValueError):
-            grpo_advantages(torch.zeros(4), torch.zeros(3, dtype=torch.long))
+            advantages_grpo(torch.zeros(4), torch.zeros(3, dtype=torch.long))
         with pytest.raises(ValueError):
-            grpo_advantages(torch.zeros(4), torch.zeros(4))  # float ids
+            advantages_grpo(torch.zeros(4), torch.zeros(4))  # float ids
         with pytest.raises(ValueError):
-            grpo_advantages(torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long))
+            advantages_grpo(torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long))
 
 
 class TestRloo:
@@ -271,13 +264,13 @@ class TestRloo:
         # group 2 = {5}: size 1 -> 0
         # group 3 = {3, 3}: 3 - 3 = 0
         expected = [1.0, -2.0, -0.5, 2.0, -0.5, 0.0, 0.0, 0.0]
-        close(rloo_advantages(rewards, group_ids), expected)
+        close(advantages_rloo(rewards, group_ids), expected)
 
     def test_is_rescaled_grpo_unscaled(self):
         # RLOO = N_g / (N_g - 1) * (r - mean_g): group 0 above, 3/2 * (1 - 1/3) = 1
         rewards = torch.tensor([1.0, 0.0, 0.0])
         ids = torch.tensor([4, 4, 4])
-        close(rloo_advantages(rewards, ids), 1.5 * grpo_advantages(rewards, ids, scale=False))
+        close(advantages_rloo(rewards, ids), 1.5 * advantages_dr_grpo(rewards, ids))
 
 
 class TestZeroStdFraction:
@@ -345,10 +338,10 @@ def _logps(ratios: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (old + ratios.log()).requires_grad_(True), old
 
 
-class TestClippedSurrogate:
+class TestRatioSurrogate:
     def test_values_clip_mask_and_gradient(self):
         logp, old = _logps(RATIOS)
-        loss, is_clipped = clipped_surrogate(logp, old, ADV, 0.2, 0.2)
+        loss, is_clipped, _ = ratio_surrogate(torch.exp(logp - old), ADV, 0.2, 0.2)
         # loss = -min(ratio * A, clip(ratio, 0.8, 1.2) * A)
         # row 0, A = +1: 1.5 -> -min(1.5, 1.2) = -1.2 (clipped); 0.5 -> -min(0.5, 0.8) = -0.5;
         #   1.0 -> -1.0; 1.1 -> -1.1
@@ -367,13 +360,13 @@ class TestClippedSurrogate:
         logp, old = _logps(torch.tensor([[1.25], [0.75]]))
         # eps_high 0.2: 1.25 > 1.2 -> clipped, loss -1.2, grad 0
         # eps_low 0.2: 0.75 < 0.8 -> clipped, loss -(0.8 * -1) = 0.8, grad 0
-        loss, clipped = clipped_surrogate(logp, old, ADV, 0.2, 0.2)
+        loss, clipped, _ = ratio_surrogate(torch.exp(logp - old), ADV, 0.2, 0.2)
         close(loss.detach(), [[-1.2], [0.8]])
         assert clipped.all()
         # eps_high 0.28 (DAPO clip-higher): 1.25 < 1.28 -> not clipped, loss -1.25, grad -1.25;
         # the low side still clips at 0.8
         logp.grad = None
-        loss, clipped = clipped_surrogate(logp, old, ADV, 0.2, 0.28)
+        loss, clipped, _ = ratio_surrogate(torch.exp(logp - old), ADV, 0.2, 0.28)
         close(loss.detach(), [[-1.25], [0.8]])
         assert torch.equal(clipped, torch.tensor([[False], [True]]))
         loss.sum().backward()
@@ -381,7 +374,7 @@ class TestClippedSurrogate:
 
     def test_zero_advantage_not_clipped(self):
         logp, old = _logps(torch.tensor([[3.0, 0.1]]))
-        loss, clipped = clipped_surrogate(logp, old, torch.tensor([0.0]), 0.2, 0.2)
+        loss, clipped, _ = ratio_surrogate(torch.exp(logp - old), torch.tensor([0.0]), 0.2, 0.2)
         close(loss.detach(), [[0.0, 0.0]])
         assert not clipped.any()
 
@@ -392,7 +385,7 @@ class TestPolicyLoss:
     def test_clip_metrics_and_gradient(self):
         logp, old = _logps(RATIOS)
         loss, metrics = policy_loss(logp, old, ADV, self.MASK)
-        # masked per-token losses (see TestClippedSurrogate): row 0 -1.2, -0.5, -1.0; row 1 0.8
+        # masked per-token losses (see TestRatioSurrogate): row 0 -1.2, -0.5, -1.0; row 1 0.8
         # token-mean: (-1.2 - 0.5 - 1.0 + 0.8) / 4 = -1.9 / 4 = -0.475
         close(loss.detach(), -0.475)
         loss.backward()

@@ -1,31 +1,27 @@
 """Tests of the advantage-estimator registry: every expected number derived by hand."""
 
+from functools import partial
+
 import pytest
 import torch
 
 from rlvr.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
+    GROUP_BASELINE_ESTIMATORS,
     REWARD_SCALES,
     advantages_dr_grpo,
     advantages_grpo,
     advantages_reinforce_pp,
     advantages_reinforce_pp_baseline,
     advantages_rloo,
-    grpo_advantages,
-    rloo_advantages,
     scale_by_batch_std,
     scale_by_group_std,
     scale_none,
 )
+from tests import helpers
 
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float64),
-        torch.as_tensor(expected, dtype=torch.float64),
-        atol=atol,
-        rtol=0,
-    )
+# REWARDS are float64: compare them without rounding to float32
+close = partial(helpers.close, dtype=torch.float64)
 
 
 # One hand-made batch, groups interleaved and of unequal sizes (3, 2, 1, 2):
@@ -149,10 +145,6 @@ class TestRewardScales:
             scale_none(REWARDS, GROUP_IDS, eps=EPS), torch.ones(8, dtype=torch.float64)
         )
 
-    def test_grpo_scale_group_equals_legacy_grpo_advantages(self):
-        out = advantages_grpo(REWARDS, GROUP_IDS, scale_rewards="group")
-        torch.testing.assert_close(out, grpo_advantages(REWARDS, GROUP_IDS))
-
     def test_grpo_scale_batch(self):
         # CENTRED / (1.8322508 + 1e-4 = 1.8323508): 2/3 -> 0.3638314, -1 -> -0.5457470,
         # -1/3 -> -0.1819157, 1 -> 0.5457470, zeros stay exactly 0
@@ -164,7 +156,6 @@ class TestRewardScales:
         out = advantages_grpo(REWARDS, GROUP_IDS, scale_rewards="none")
         close(out, CENTRED)
         torch.testing.assert_close(out, advantages_dr_grpo(REWARDS, GROUP_IDS))
-        torch.testing.assert_close(out, grpo_advantages(REWARDS, GROUP_IDS, scale=False))
 
     def test_batch_of_one_and_eps_zero(self):
         # one reward: batch std 0 (not nan); the lone group is constant -> advantage exactly 0
@@ -192,7 +183,35 @@ class TestRlooIdentity:
         centred = ADVANTAGE_ESTIMATORS["grpo"](REWARDS, GROUP_IDS, scale_rewards="none")
         torch.testing.assert_close(rloo, factor * centred)
         close(rloo, EXPECTED["rloo"])
-        torch.testing.assert_close(rloo, rloo_advantages(REWARDS, GROUP_IDS))
+
+
+class TestGroupsOfOne:
+    # group_size 1: five completions, each its own group, rewards all different
+    SINGLE = torch.tensor([1.0, 0.0, 0.5, 2.0, -1.0], dtype=torch.float64)
+    IDS = torch.arange(5)
+
+    @pytest.mark.parametrize("scale", list(REWARD_SCALES))
+    @pytest.mark.parametrize("name", sorted(GROUP_BASELINE_ESTIMATORS))
+    def test_group_baseline_estimators_give_all_zeros(self, name, scale):
+        # the baseline of a one-row group is the row's own reward (mean_g = r_i; RLOO has no
+        # other member), so every advantage is exactly 0, whatever the divisor
+        out = ADVANTAGE_ESTIMATORS[name](self.SINGLE, self.IDS, scale_rewards=scale)
+        assert torch.equal(out, torch.zeros(5, dtype=torch.float64))
+
+    def test_batch_baseline_is_not_listed(self):
+        # reinforce++ subtracts the batch mean 2.5 / 5 = 0.5: deviations 0.5, -0.5, 0, 1.5, -1.5,
+        # squares 0.25 + 0.25 + 0 + 2.25 + 2.25 = 5, var 5 / 4 = 1.25, std 1.1180340;
+        # A = deviation / (1.1180340 + 1e-4 = 1.1181340)
+        out = ADVANTAGE_ESTIMATORS["reinforce++"](self.SINGLE, self.IDS)
+        close(out, [0.4471736, -0.4471736, 0.0, 1.3415208, -1.3415208])
+        # the constant lists exactly the estimators that give all zeros on groups of one
+        all_zero = {
+            name
+            for name, fn in ADVANTAGE_ESTIMATORS.items()
+            if torch.equal(fn(self.SINGLE, self.IDS), torch.zeros(5, dtype=torch.float64))
+        }
+        assert all_zero == GROUP_BASELINE_ESTIMATORS
+        assert GROUP_BASELINE_ESTIMATORS == {"grpo", "dr_grpo", "rloo", "reinforce++-baseline"}
 
 
 class TestReinforcePP:

@@ -7,17 +7,9 @@ import torch
 
 from rlvr.algo.dapo import dynamic_sampling_keep, overlong_penalty, truncation_mask
 from rlvr.algo.losses import policy_loss
+from tests.helpers import close
 
 GARBAGE = 1e6
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float32),
-        torch.as_tensor(expected, dtype=torch.float32),
-        atol=atol,
-        rtol=0,
-    )
 
 
 class TestDynamicSampling:
@@ -35,8 +27,14 @@ class TestDynamicSampling:
         rewards = torch.tensor([1, 1, 0, 1, 0, 0, 1])
         ids = torch.tensor([7, 7, 9, 7, 9, 4, 4])
         assert dynamic_sampling_keep(rewards, ids).tolist() == [
-            False, False, False, False, False, True, True,
-        ]  # fmt: skip
+            False,
+            False,
+            False,
+            False,
+            False,
+            True,
+            True,
+        ]
 
     def test_empty(self):
         assert dynamic_sampling_keep(torch.zeros(0), torch.zeros(0, dtype=torch.long)).shape == (0,)

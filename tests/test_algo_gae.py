@@ -11,17 +11,9 @@ from rlvr.algo.gae import (
     reinforce_pp_token_advantages,
 )
 from rlvr.algo.reductions import masked_whiten
+from tests.helpers import close
 
 GARBAGE = 1e6  # written into padded positions; must never show up in a result
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float32),
-        torch.as_tensor(expected, dtype=torch.float32),
-        atol=atol,
-        rtol=0,
-    )
 
 
 # Row 0: 3 completion tokens, outcome reward 1; row 1: 1 token, outcome reward -1.

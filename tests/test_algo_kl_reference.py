@@ -9,18 +9,10 @@ from torch import nn
 from rlvr.algo.gae import outcome_to_token_rewards
 from rlvr.algo.kl import kl_in_reward
 from rlvr.train.reference import sync_reference
+from tests.helpers import close
 
 GARBAGE = 1e6
 LN2 = math.log(2.0)  # 0.6931472
-
-
-def close(actual, expected, atol=1e-6):
-    torch.testing.assert_close(
-        torch.as_tensor(actual, dtype=torch.float32),
-        torch.as_tensor(expected, dtype=torch.float32),
-        atol=atol,
-        rtol=0,
-    )
 
 
 # Row 0: 3 completion tokens, row 1: 1. logp = log 0.5, ref = log 0.25 on every completion token:

@@ -2,14 +2,13 @@
 
 from rlvr.algo.advantages import (
     ADVANTAGE_ESTIMATORS,
+    GROUP_BASELINE_ESTIMATORS,
     REWARD_SCALES,
     advantages_dr_grpo,
     advantages_grpo,
     advantages_reinforce_pp,
     advantages_reinforce_pp_baseline,
     advantages_rloo,
-    grpo_advantages,
-    rloo_advantages,
     scale_by_batch_std,
     scale_by_group_std,
     scale_none,
@@ -25,7 +24,6 @@ from rlvr.algo.gae import (
 from rlvr.algo.kl import KL_ESTIMATORS, kl_in_reward, kl_k1, kl_k2, kl_k3
 from rlvr.algo.losses import (
     RATIO_LEVELS,
-    clipped_surrogate,
     policy_loss,
     ratio_gspo_token,
     ratio_sequence,
@@ -46,6 +44,7 @@ from rlvr.algo.reductions import (
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "AGGREGATIONS",
+    "GROUP_BASELINE_ESTIMATORS",
     "KL_ESTIMATORS",
     "RATIO_LEVELS",
     "REWARD_SCALES",
@@ -57,11 +56,9 @@ __all__ = [
     "aggregate_seq_mean_token_mean",
     "aggregate_seq_mean_token_sum_norm",
     "aggregate_token_mean",
-    "clipped_surrogate",
     "discounted_returns",
     "dynamic_sampling_keep",
     "gae_advantages",
-    "grpo_advantages",
     "kl_in_reward",
     "kl_k1",
     "kl_k2",
@@ -77,7 +74,6 @@ __all__ = [
     "ratio_surrogate",
     "ratio_token",
     "reinforce_pp_token_advantages",
-    "rloo_advantages",
     "scale_by_batch_std",
     "scale_by_group_std",
     "scale_none",

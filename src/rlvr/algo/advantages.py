@@ -3,13 +3,15 @@
 Each completion ``i`` has a scalar reward ``rewards[i]`` and belongs to the group
 ``group_ids[i]`` (the completions sampled for the same prompt). Group ids are arbitrary
 integers: they need not be contiguous or sorted, and groups may have different sizes. All
-functions are vectorised over groups (``torch.unique`` + ``index_add`` / ``scatter_reduce``).
+functions are vectorised over groups (:class:`rlvr.algo.groups.GroupStats`: ``torch.unique`` +
+``index_add`` / ``scatter_reduce``).
 
 Groups whose rewards are all equal (including groups of one completion) carry no learning
 signal; every group-baselined function here gives their members an advantage of exactly 0.0
 (not a floating-point residue such as 1e-17), whatever ``eps``. The one exception is
 :func:`advantages_reinforce_pp`, whose baseline is the *batch* mean: there only an all-equal
-batch gives exactly 0.
+batch gives exactly 0. :data:`GROUP_BASELINE_ESTIMATORS` names the group-baselined estimators,
+which therefore need groups of at least 2 completions.
 
 The estimators a config picks by name live in :data:`ADVANTAGE_ESTIMATORS`, all with the call
 ``fn(rewards[N], group_ids[N], *, scale_rewards="group", eps=1e-4) -> advantages[N]``:
@@ -48,16 +50,17 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from rlvr.algo.groups import GroupStats, as_float
+
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "GROUP_BASELINE_ESTIMATORS",
     "REWARD_SCALES",
     "advantages_dr_grpo",
     "advantages_grpo",
     "advantages_reinforce_pp",
     "advantages_reinforce_pp_baseline",
     "advantages_rloo",
-    "grpo_advantages",
-    "rloo_advantages",
     "scale_by_batch_std",
     "scale_by_group_std",
     "scale_none",
@@ -65,98 +68,15 @@ __all__ = [
 ]
 
 
-class _Groups:
-    """Per-group statistics of a flat reward vector.
-
-    Attributes:
-        inverse (Tensor): ``[N]`` long, index of each element's group in ``0..G-1``.
-        counts (Tensor): ``[G]`` group sizes (in the reward dtype).
-        sums (Tensor): ``[G]`` reward sums.
-        constant (Tensor): ``[G]`` bool, True where all rewards of the group are equal.
-    """
-
-    def __init__(self, rewards: Tensor, group_ids: Tensor) -> None:
-        if rewards.dim() != 1:
-            raise ValueError(f"rewards must be 1-D [N], got shape {tuple(rewards.shape)}")
-        if group_ids.shape != rewards.shape:
-            raise ValueError(
-                f"group_ids shape {tuple(group_ids.shape)} must equal rewards shape "
-                f"{tuple(rewards.shape)}"
-            )
-        if group_ids.dtype.is_floating_point or group_ids.dtype == torch.bool:
-            raise ValueError(f"group_ids must be an integer tensor, got {group_ids.dtype}")
-        unique_ids, inverse = torch.unique(group_ids, return_inverse=True)
-        num_groups = unique_ids.numel()
-        self.inverse = inverse
-        self.counts = rewards.new_zeros(num_groups).index_add_(0, inverse, torch.ones_like(rewards))
-        self.sums = rewards.new_zeros(num_groups).index_add_(0, inverse, rewards)
-        group_max = rewards.new_empty(num_groups).scatter_reduce_(
-            0, inverse, rewards, reduce="amax", include_self=False
-        )
-        group_min = rewards.new_empty(num_groups).scatter_reduce_(
-            0, inverse, rewards, reduce="amin", include_self=False
-        )
-        self.constant = group_max == group_min
-
-
-def _as_float(rewards: Tensor) -> Tensor:
-    return rewards if rewards.dtype.is_floating_point else rewards.to(torch.get_default_dtype())
-
-
-def grpo_advantages(
-    rewards: Tensor, group_ids: Tensor, eps: float = 1e-4, scale: bool = True
-) -> Tensor:
-    """GRPO advantages: reward minus its group mean, over the group's std.
-
-    ``A_i = (r_i - mean_g) / (std_g + eps)`` with ``mean_g`` the mean of the rewards of ``i``'s
-    group ``g`` and ``std_g`` their unbiased sample standard deviation
-    (``sqrt(sum_j (r_j - mean_g)**2 / (N_g - 1))``, the ``N_g - 1`` denominator, as in TRL).
-    With ``scale=False`` it is ``A_i = r_i - mean_g`` (Dr. GRPO: no std division).
-
-    A group of size 1 gets advantage 0 (its only member equals its mean; its sample std is
-    undefined and never computed). A zero-variance group (all rewards equal) gets exactly 0.
-
-    Args:
-        rewards (Tensor): ``[N]`` rewards; an integer tensor is cast to the default float dtype.
-        group_ids (Tensor): ``[N]`` integer group id of each reward (arbitrary values).
-        eps (float): added to the std before dividing; ignored when ``scale=False``.
-        scale (bool): divide by ``std_g + eps`` (GRPO) or not (Dr. GRPO).
-
-    Returns:
-        Tensor: ``[N]`` advantages, float.
-    """
-    rewards = _as_float(rewards)
-    groups = _Groups(rewards, group_ids)
+def _group_centred(rewards: Tensor, groups: GroupStats) -> Tensor:
+    """``[N]`` reward minus the mean reward of its group, ``r_i - sum_g / N_g``."""
     mean = groups.sums / groups.counts.clamp(min=1)  # [G]
-    centred = rewards - mean[groups.inverse]  # [N]
-    constant = groups.constant[groups.inverse]  # [N]
-    if scale:
-        sq_dev = rewards.new_zeros(groups.counts.shape).index_add_(0, groups.inverse, centred**2)
-        std = torch.sqrt(sq_dev / (groups.counts - 1).clamp(min=1))  # [G]
-        centred = centred / (std[groups.inverse] + eps)
-    return torch.where(constant, torch.zeros_like(centred), centred)
+    return rewards - mean[groups.inverse]  # [N]
 
 
-def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
-    """RLOO advantages: reward minus the mean reward of the *other* members of its group.
-
-    ``A_i = r_i - (sum_g - r_i) / (N_g - 1)``, which equals ``N_g / (N_g - 1) * (r_i - mean_g)``.
-    A group of size 1 (no other member) gets 0; a zero-variance group gets exactly 0.
-
-    Args:
-        rewards (Tensor): ``[N]`` rewards; an integer tensor is cast to the default float dtype.
-        group_ids (Tensor): ``[N]`` integer group id of each reward (arbitrary values).
-
-    Returns:
-        Tensor: ``[N]`` advantages, float.
-    """
-    rewards = _as_float(rewards)
-    groups = _Groups(rewards, group_ids)
-    counts = groups.counts[groups.inverse]  # [N]
-    loo_mean = (groups.sums[groups.inverse] - rewards) / (counts - 1).clamp(min=1)
-    advantages = rewards - loo_mean
-    zero = groups.constant[groups.inverse] | (counts < 2)
-    return torch.where(zero, torch.zeros_like(advantages), advantages)
+def _zero_constant_groups(advantages: Tensor, groups: GroupStats) -> Tensor:
+    """``advantages`` with the members of all-equal groups set to exactly 0.0."""
+    return torch.where(groups.constant[groups.inverse], torch.zeros_like(advantages), advantages)
 
 
 def zero_std_group_fraction(rewards: Tensor, group_ids: Tensor) -> float:
@@ -173,7 +93,7 @@ def zero_std_group_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     Returns:
         float: in ``[0, 1]``.
     """
-    groups = _Groups(_as_float(rewards), group_ids)
+    groups = GroupStats(as_float(rewards), group_ids)
     if groups.constant.numel() == 0:
         return 0.0
     return groups.constant.float().mean().item()
@@ -201,10 +121,9 @@ def scale_by_group_std(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-4)
     Returns:
         Tensor: ``[N]`` divisors.
     """
-    rewards = _as_float(rewards)
-    groups = _Groups(rewards, group_ids)
-    mean = groups.sums / groups.counts.clamp(min=1)  # [G]
-    centred = rewards - mean[groups.inverse]  # [N]
+    rewards = as_float(rewards)
+    groups = GroupStats(rewards, group_ids)
+    centred = _group_centred(rewards, groups)  # [N]
     sq_dev = rewards.new_zeros(groups.counts.shape).index_add_(0, groups.inverse, centred**2)
     std = torch.sqrt(sq_dev / (groups.counts - 1).clamp(min=1))  # [G]
     return std[groups.inverse] + eps
@@ -224,8 +143,8 @@ def scale_by_batch_std(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-4)
     Returns:
         Tensor: ``[N]`` divisors (all equal).
     """
-    rewards = _as_float(rewards)
-    _Groups(rewards, group_ids)  # shape and dtype checks
+    rewards = as_float(rewards)
+    GroupStats(rewards, group_ids)  # shape and dtype checks
     if rewards.numel() == 0:
         return rewards.clone()
     std = _sample_std(rewards - rewards.mean())
@@ -244,8 +163,8 @@ def scale_none(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-4) -> Tens
         Tensor: ``[N]`` ones.
     """
     del eps
-    rewards = _as_float(rewards)
-    _Groups(rewards, group_ids)
+    rewards = as_float(rewards)
+    GroupStats(rewards, group_ids)  # shape and dtype checks
     return torch.ones_like(rewards)
 
 
@@ -259,6 +178,7 @@ REWARD_SCALES: dict[str, Callable[..., Tensor]] = {
 
 
 def _check_scale(scale_rewards: str) -> None:
+    """Raise ``ValueError`` unless ``scale_rewards`` is a key of :data:`REWARD_SCALES`."""
     if scale_rewards not in REWARD_SCALES:
         raise ValueError(
             f"unknown scale_rewards {scale_rewards!r}; expected one of {list(REWARD_SCALES)}"
@@ -274,7 +194,7 @@ def advantages_grpo(
     """Estimator ``"grpo"``: reward minus its group mean, over ``REWARD_SCALES[scale_rewards]``.
 
     ``A_i = (r_i - mean_g) / scale_i``; ``scale_i`` is ``std_g + eps`` (``"group"``, the default,
-    equal to :func:`grpo_advantages`), ``std_B + eps`` (``"batch"``) or 1 (``"none"``). See the
+    the default), ``std_B + eps`` (``"batch"``) or 1 (``"none"``). See the
     module docstring for the exact stds. Zero-variance groups (and groups of one) get exactly 0.
 
     Args:
@@ -288,12 +208,10 @@ def advantages_grpo(
     """
     _check_scale(scale_rewards)
     scale_fn = REWARD_SCALES[scale_rewards]
-    rewards = _as_float(rewards)
-    groups = _Groups(rewards, group_ids)
-    mean = groups.sums / groups.counts.clamp(min=1)  # [G]
-    centred = rewards - mean[groups.inverse]  # [N]
-    advantages = centred / scale_fn(rewards, group_ids, eps=eps)
-    return torch.where(groups.constant[groups.inverse], torch.zeros_like(advantages), advantages)
+    rewards = as_float(rewards)
+    groups = GroupStats(rewards, group_ids)
+    advantages = _group_centred(rewards, groups) / scale_fn(rewards, group_ids, eps=eps)
+    return _zero_constant_groups(advantages, groups)
 
 
 def advantages_dr_grpo(
@@ -313,8 +231,11 @@ def advantages_dr_grpo(
     Returns:
         Tensor: ``[N]`` advantages, float.
     """
+    del eps
     _check_scale(scale_rewards)
-    return grpo_advantages(rewards, group_ids, eps=eps, scale=False)
+    rewards = as_float(rewards)
+    groups = GroupStats(rewards, group_ids)
+    return _zero_constant_groups(_group_centred(rewards, groups), groups)
 
 
 def advantages_rloo(
@@ -322,9 +243,10 @@ def advantages_rloo(
 ) -> Tensor:
     """Estimator ``"rloo"``: reward minus the mean of the *other* ``N_g - 1`` rewards of its group.
 
-    ``A_i = r_i - (sum_g - r_i) / (N_g - 1) = N_g / (N_g - 1) * (r_i - mean_g)``, i.e.
-    :func:`rloo_advantages`. A group of one gets 0. ``scale_rewards`` and ``eps`` are accepted
-    for the uniform signature and ignored (an unknown ``scale_rewards`` still raises).
+    ``A_i = r_i - (sum_g - r_i) / (N_g - 1) = N_g / (N_g - 1) * (r_i - mean_g)``. A group of one
+    (no other member) gets 0; a zero-variance group gets exactly 0. ``scale_rewards`` and ``eps``
+    are accepted for the uniform signature and ignored (an unknown ``scale_rewards`` still
+    raises).
 
     Args:
         rewards (Tensor): ``[N]`` rewards.
@@ -337,7 +259,13 @@ def advantages_rloo(
     """
     del eps
     _check_scale(scale_rewards)
-    return rloo_advantages(rewards, group_ids)
+    rewards = as_float(rewards)
+    groups = GroupStats(rewards, group_ids)
+    counts = groups.counts[groups.inverse]  # [N]
+    loo_mean = (groups.sums[groups.inverse] - rewards) / (counts - 1).clamp(min=1)
+    advantages = rewards - loo_mean
+    zero = groups.constant[groups.inverse] | (counts < 2)
+    return torch.where(zero, torch.zeros_like(advantages), advantages)
 
 
 def advantages_reinforce_pp(
@@ -366,8 +294,8 @@ def advantages_reinforce_pp(
         Tensor: ``[N]`` advantages, float.
     """
     _check_scale(scale_rewards)
-    rewards = _as_float(rewards)
-    _Groups(rewards, group_ids)
+    rewards = as_float(rewards)
+    GroupStats(rewards, group_ids)  # shape and dtype checks
     if rewards.numel() == 0:
         return rewards.clone()
     centred = rewards - rewards.mean()
@@ -399,7 +327,9 @@ def advantages_reinforce_pp_baseline(
         Tensor: ``[N]`` advantages, float.
     """
     _check_scale(scale_rewards)
-    centred = grpo_advantages(rewards, group_ids, scale=False)  # exact zeros for constant groups
+    rewards = as_float(rewards)
+    groups = GroupStats(rewards, group_ids)
+    centred = _zero_constant_groups(_group_centred(rewards, groups), groups)  # exact zeros
     if centred.numel() == 0:
         return centred
     divisor = _sample_std(centred) + eps
@@ -416,3 +346,12 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Tensor]] = {
 }
 """Sequence-level advantage estimators by name; each is
 ``f(rewards[N], group_ids[N], *, scale_rewards="group", eps=1e-4) -> advantages[N]``."""
+
+GROUP_BASELINE_ESTIMATORS: frozenset[str] = frozenset(
+    {"grpo", "dr_grpo", "rloo", "reinforce++-baseline"}
+)
+"""The keys of :data:`ADVANTAGE_ESTIMATORS` whose baseline is a statistic of the completion's own
+group (its mean, or the mean of the other members). They need at least 2 completions per prompt:
+in a group of one the baseline is the reward itself, so every advantage is exactly 0 (and
+``"rloo"`` has no other member to average). ``"reinforce++"`` is absent: its baseline is the
+batch mean."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlvr.algo.advantages import _as_float, _Groups
+from rlvr.algo.groups import GroupStats, as_float
 
 __all__ = ["dynamic_sampling_keep", "overlong_penalty", "truncation_mask"]
 
@@ -32,7 +32,7 @@ def dynamic_sampling_keep(rewards: Tensor, group_ids: Tensor) -> Tensor:
     Returns:
         Tensor: ``[N]`` bool, True for the members of groups to keep.
     """
-    groups = _Groups(_as_float(rewards), group_ids)
+    groups = GroupStats(as_float(rewards), group_ids)
     return ~groups.constant[groups.inverse]
 
 
@@ -66,7 +66,7 @@ def overlong_penalty(
         raise ValueError(f"buffer_len must be in [0, max_len={max_len}], got {buffer_len}")
     if penalty_factor < 0:
         raise ValueError(f"penalty_factor must be >= 0, got {penalty_factor}")
-    lengths = _as_float(lengths)
+    lengths = as_float(lengths)
     start = max_len - buffer_len  # the penalty starts above this length
     linear = (start - lengths) / max(buffer_len, 1) * penalty_factor
     zero = torch.zeros_like(lengths)

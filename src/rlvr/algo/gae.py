@@ -32,6 +32,7 @@ __all__ = [
 
 
 def _check_bt(name: str, tensor: Tensor, mask: Tensor) -> None:
+    """Raise ``ValueError`` unless ``mask`` is ``[B, T]`` and ``tensor`` has its shape."""
     if mask.dim() != 2:
         raise ValueError(f"mask must be [B, T], got shape {tuple(mask.shape)}")
     if tensor.shape != mask.shape:
@@ -125,6 +126,8 @@ def discounted_returns(rewards_per_token: Tensor, mask: Tensor, gamma: float = 1
 
     Equal to :func:`gae_advantages` with ``values = 0`` and ``lam = 1``. With an outcome reward
     on the last token and ``gamma = 1`` every completion token's return is the outcome reward.
+    A tested reference formula: the trainer does not call it (its ``"gae"`` estimator calls
+    :func:`gae_advantages`); :func:`reinforce_pp_token_advantages` builds on it.
 
     Args:
         rewards_per_token (Tensor): ``[B, T]`` rewards.
@@ -152,7 +155,9 @@ def reinforce_pp_token_advantages(
     batch, over their unbiased std plus ``eps`` (tokens pooled, so long completions weigh more).
     This is the form to use when the rewards vary per token, e.g. with the KL penalty folded in
     (:func:`rlvr.algo.kl.kl_in_reward`); for outcome-only rewards the sequence-level
-    ``ADVANTAGE_ESTIMATORS["reinforce++"]`` normalises over completions instead.
+    ``ADVANTAGE_ESTIMATORS["reinforce++"]`` normalises over completions instead. A tested
+    reference formula: the trainer does not call it (``advantage_estimator="reinforce++"`` is the
+    sequence-level form).
 
     Args:
         rewards_per_token (Tensor): ``[B, T]`` rewards.

@@ -29,7 +29,7 @@ clip_ratio_c``) gets the constant loss ``-A * clip_ratio_c`` and no gradient.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -39,7 +39,6 @@ from rlvr.algo.reductions import AGGREGATIONS, masked_mean
 
 __all__ = [
     "RATIO_LEVELS",
-    "clipped_surrogate",
     "policy_loss",
     "ratio_gspo_token",
     "ratio_sequence",
@@ -168,48 +167,6 @@ def ratio_surrogate(
     return per_token_loss, is_clipped, is_dual_clipped
 
 
-def clipped_surrogate(
-    logp: Tensor,
-    old_logp: Tensor,
-    advantages: Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-    *,
-    clip_ratio_c: float | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Per-token PPO-clip loss with asymmetric clip range (DAPO's "clip-higher").
-
-    ``ratio = exp(logp - old_logp)``,
-    ``loss = -min(ratio * A, clip(ratio, 1 - epsilon_low, 1 + epsilon_high) * A)``.
-
-    A token is clipped when the clipped branch is strictly the smaller one, i.e.
-    ``ratio > 1 + epsilon_high`` with ``A > 0`` or ``ratio < 1 - epsilon_low`` with ``A < 0``;
-    its loss is then constant in ``logp`` and its gradient is 0. Tokens with ``A == 0`` are
-    never counted as clipped (their gradient is 0 anyway).
-
-    No masking happens here: padded positions must hold finite log-probs (e.g. 0), otherwise
-    ``exp`` can overflow and poison the backward pass. :func:`policy_loss` takes care of that.
-
-    Args:
-        logp (Tensor): ``[B, T]`` log-probs of the sampled tokens under the current policy.
-        old_logp (Tensor): ``[B, T]`` log-probs under the policy that sampled them.
-        advantages (Tensor): ``[B]`` per-sequence advantages, broadcast over tokens (``[B, T]``
-            per-token advantages are also accepted).
-        epsilon_low (float): lower clip width, ratio floor ``1 - epsilon_low``.
-        epsilon_high (float): upper clip width, ratio ceiling ``1 + epsilon_high``.
-        clip_ratio_c (float | None): dual-clip constant for ``A < 0`` (see
-            :func:`ratio_surrogate`); ``None`` (default) disables it.
-
-    Returns:
-        tuple[Tensor, Tensor]: ``per_token_loss`` ``[B, T]`` and ``is_clipped`` ``[B, T]`` bool.
-    """
-    ratio = torch.exp(logp - old_logp)  # [B, T]
-    per_token_loss, is_clipped, _ = ratio_surrogate(
-        ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c
-    )
-    return per_token_loss, is_clipped
-
-
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -291,26 +248,75 @@ def policy_loss(
             ``beta > 0`` without ``ref_logp``; mismatched shapes; ``max_len`` missing for
             ``"seq-mean-token-sum-norm"``.
     """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(
-            f"unknown aggregation {aggregation!r}; expected one of {list(AGGREGATIONS)}"
-        )
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(
-            f"unknown kl_estimator {kl_estimator!r}; expected one of {list(KL_ESTIMATORS)}"
-        )
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(
-            f"unknown ratio_level {ratio_level!r}; expected one of {list(RATIO_LEVELS)}"
-        )
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
+    _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
+    _check_choice("ratio_level", ratio_level, RATIO_LEVELS)
+    _check_coefficients(epsilon_low, epsilon_high, beta, clip_ratio_c, ref_logp is not None)
+    _check_policy_shapes(logp, old_logp, advantages, mask, ref_logp)
+
+    keep = mask.bool()
+    zero = logp.new_zeros(())
+    logp = torch.where(keep, logp, zero)
+    old_logp = torch.where(keep, old_logp.detach(), zero)
+    advantages = advantages.detach()
+    if advantages.dim() == 2:
+        advantages = torch.where(keep, advantages, advantages.new_zeros(()))
+
+    ratio = RATIO_LEVELS[ratio_level](logp, old_logp, mask)
+    per_token, is_clipped, is_dual_clipped = ratio_surrogate(
+        ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c
+    )
+    kl_ref = None
+    if beta > 0:
+        assert ref_logp is not None
+        kl_ref = _kl_to_reference(logp, ref_logp, keep, kl_estimator)
+        per_token = per_token + beta * kl_ref
+
+    loss = AGGREGATIONS[aggregation](
+        per_token, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
+    )
+    metrics = _policy_metrics(
+        mask,
+        ratio=ratio,
+        logp=logp,
+        old_logp=old_logp,
+        is_clipped=is_clipped,
+        is_dual_clipped=is_dual_clipped if clip_ratio_c is not None else None,
+        kl_ref=kl_ref,
+    )
+    return loss, metrics
+
+
+def _check_choice(kind: str, name: str, registry: Mapping[str, object]) -> None:
+    """Raise ``ValueError`` unless ``name`` is a key of ``registry`` (``kind`` names the option)."""
+    if name not in registry:
+        raise ValueError(f"unknown {kind} {name!r}; expected one of {list(registry)}")
+
+
+def _check_coefficients(
+    epsilon_low: float,
+    epsilon_high: float,
+    beta: float,
+    clip_ratio_c: float | None,
+    has_ref_logp: bool,
+) -> None:
+    """Raise ``ValueError`` on a dual clip ``<= 1``, a negative ``beta`` or epsilon, or a KL
+    penalty (``beta > 0``) without reference log-probs."""
     if clip_ratio_c is not None and not clip_ratio_c > 1:
         raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta}")
     if epsilon_low < 0 or epsilon_high < 0:
         raise ValueError(f"epsilons must be >= 0, got {epsilon_low=}, {epsilon_high=}")
-    if beta > 0 and ref_logp is None:
+    if beta > 0 and not has_ref_logp:
         raise ValueError("beta > 0 requires ref_logp")
+
+
+def _check_policy_shapes(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, ref_logp: Tensor | None
+) -> None:
+    """Raise ``ValueError`` unless ``logp`` is ``[B, T]``, ``old_logp``, ``mask`` and ``ref_logp``
+    (if given) have its shape, and ``advantages`` is ``[B]`` or ``[B, T]``."""
     for name, tensor in (("old_logp", old_logp), ("mask", mask), ("ref_logp", ref_logp)):
         if tensor is not None and tensor.shape != logp.shape:
             raise ValueError(
@@ -321,42 +327,41 @@ def policy_loss(
             f"expected logp [B, T] and advantages [B] or [B, T], got {tuple(logp.shape)} and "
             f"{tuple(advantages.shape)}"
         )
-    ratio_fn = RATIO_LEVELS[ratio_level]
 
-    keep = mask.bool()
-    zero = logp.new_zeros(())
-    logp = torch.where(keep, logp, zero)
-    old_logp = torch.where(keep, old_logp.detach(), zero)
-    advantages = advantages.detach()
-    if advantages.dim() == 2:
-        advantages = torch.where(keep, advantages, advantages.new_zeros(()))
 
-    ratio = ratio_fn(logp, old_logp, mask)
-    per_token, is_clipped, is_dual_clipped = ratio_surrogate(
-        ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c
-    )
-    kl_ref = None
-    if beta > 0:
-        assert ref_logp is not None
-        ref_logp = torch.where(keep, ref_logp.detach(), zero)
-        kl_ref = KL_ESTIMATORS[kl_estimator](logp, ref_logp)
-        per_token = per_token + beta * kl_ref
+def _kl_to_reference(logp: Tensor, ref_logp: Tensor, keep: Tensor, kl_estimator: str) -> Tensor:
+    """``[B, T]`` per-token ``KL_ESTIMATORS[kl_estimator](logp, ref_logp)``, differentiable in
+    ``logp``; ``ref_logp`` is detached and its padded positions (``keep`` False) set to 0."""
+    ref_logp = torch.where(keep, ref_logp.detach(), logp.new_zeros(()))
+    return KL_ESTIMATORS[kl_estimator](logp, ref_logp)
 
-    loss = AGGREGATIONS[aggregation](
-        per_token, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
-    )
 
+def _policy_metrics(
+    mask: Tensor,
+    *,
+    ratio: Tensor,
+    logp: Tensor,
+    old_logp: Tensor,
+    is_clipped: Tensor,
+    is_dual_clipped: Tensor | None,
+    kl_ref: Tensor | None,
+) -> dict[str, float]:
+    """The metrics of :func:`policy_loss`, each a masked mean over all completion tokens.
+
+    ``"policy/dual_clip_frac"`` only when ``is_dual_clipped`` is given and ``"policy/kl_ref"``
+    only when ``kl_ref`` is; computed without gradient.
+    """
     with torch.no_grad():
         metrics = {
             "policy/clip_frac": masked_mean(is_clipped.float(), mask).item(),
             "policy/approx_kl": masked_mean(kl_k3(old_logp, logp), mask).item(),
             "policy/ratio_mean": masked_mean(ratio, mask).item(),
         }
-        if clip_ratio_c is not None:
+        if is_dual_clipped is not None:
             metrics["policy/dual_clip_frac"] = masked_mean(is_dual_clipped.float(), mask).item()
         if kl_ref is not None:
             metrics["policy/kl_ref"] = masked_mean(kl_ref, mask).item()
-    return loss, metrics
+    return metrics
 
 
 # ----------------------------------------------------------------------------- value loss
@@ -409,10 +414,7 @@ def value_loss(
     Returns:
         tuple[Tensor, dict[str, float]]: the 0-d loss and the metrics.
     """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(
-            f"unknown aggregation {aggregation!r}; expected one of {list(AGGREGATIONS)}"
-        )
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
     if clip_range_value is not None and not clip_range_value > 0:
         raise ValueError(f"clip_range_value must be > 0, got {clip_range_value}")
     if values.dim() != 2:

@@ -100,6 +100,7 @@ def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-4) -> Tensor:
 
 
 def _check_2d(per_token: Tensor, mask: Tensor) -> None:
+    """Raise ``ValueError`` unless ``per_token`` is ``[B, T]`` and ``mask`` has its shape."""
     if per_token.dim() != 2:
         raise ValueError(f"per_token must be [B, T], got shape {tuple(per_token.shape)}")
     if mask.shape != per_token.shape:
@@ -109,6 +110,7 @@ def _check_2d(per_token: Tensor, mask: Tensor) -> None:
 
 
 def _check_positive(name: str, value: float | Tensor | None) -> None:
+    """Raise ``ValueError`` if ``value`` is given and not > 0 (``name`` goes in the message)."""
     if value is not None and not value > 0:
         raise ValueError(f"{name} must be > 0, got {value}")
 

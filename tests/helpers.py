@@ -1,0 +1,20 @@
+"""Small helpers shared by the test files."""
+
+from __future__ import annotations
+
+import torch
+
+
+def close(actual, expected, atol: float = 1e-6, *, dtype: torch.dtype = torch.float32) -> None:
+    """Assert that ``actual`` equals ``expected`` elementwise within ``atol`` (no relative slack).
+
+    Both sides (tensors, numbers or nested lists) are converted to tensors of ``dtype`` first,
+    so a hand-written list can be compared with a tensor of any dtype. Pass
+    ``dtype=torch.float64`` to compare float64 results without rounding them to float32.
+    """
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=dtype),
+        torch.as_tensor(expected, dtype=dtype),
+        atol=atol,
+        rtol=0,
+    )
