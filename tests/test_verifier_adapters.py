@@ -333,13 +333,19 @@ def test_adapters_inside_a_process_pool() -> None:
     completions, columns, expected = BATCHES["tool"]
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         trl_future = pool.submit(
-            trl_fn, prompts=["q"] * 4, completions=completions, completion_ids=[[1]] * 4,
-            trainer_state=None, **columns,
-        )  # fmt: skip
+            trl_fn,
+            prompts=["q"] * 4,
+            completions=completions,
+            completion_ids=[[1]] * 4,
+            trainer_state=None,
+            **columns,
+        )
         math_future = pool.submit(
-            trl_reward("math"), prompts=["q", "q"], completions=["\\boxed{\\frac{6}{8}}", "#### 1"],
+            trl_reward("math"),
+            prompts=["q", "q"],
+            completions=["\\boxed{\\frac{6}{8}}", "#### 1"],
             answer=["0.75", "2"],
-        )  # fmt: skip
+        )
         prime = [  # prime's call: partial(evaluation_func, task, completion, reference, extra)
             pool.submit(partial(compute_score, "math", "\\boxed{\\frac{2}{4}}", "0.5", None)),
             pool.submit(partial(verl_fn, "tool", round_call(9.99, 0), "10", {"index": 0})),

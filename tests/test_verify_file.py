@@ -11,12 +11,15 @@ def write_jsonl(path, rows):
 
 def test_verify_file_summarises_by_reason(tmp_path, capsys):
     path = tmp_path / "completions.jsonl"
-    write_jsonl(path, [
-        {"completion": "7+8+0=15 #### 15", "answer": "15"},
-        {"completion": "#### 15 or 16", "answer": "15"},
-        {"completion": "<think>#### 15</think>", "answer": "15"},
-        {"completion": "#### 14", "answer": "15"},
-    ])  # fmt: skip
+    write_jsonl(
+        path,
+        [
+            {"completion": "7+8+0=15 #### 15", "answer": "15"},
+            {"completion": "#### 15 or 16", "answer": "15"},
+            {"completion": "<think>#### 15</think>", "answer": "15"},
+            {"completion": "#### 14", "answer": "15"},
+        ],
+    )
     main(["verify", "--file", str(path)])
     summary = json.loads(capsys.readouterr().out)
     assert summary["completions"] == 4 and summary["mean_reward"] == 0.25

@@ -7,8 +7,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-REFERENCE_FIELD = {"math": "answer", "weak_math": "answer", "tool": "answer", "code": "tests",
-                   "format": None}  # fmt: skip
+REFERENCE_FIELD = {
+    "math": "answer",
+    "weak_math": "answer",
+    "tool": "answer",
+    "code": "tests",
+    "format": None,
+}
 
 
 def grade_one(verifier: str, completion: Any, reference: Any, **options: Any) -> tuple[float, dict]:
