@@ -19,6 +19,7 @@ median seconds of each mode and its speed relative to the first mode of its part
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
@@ -26,8 +27,10 @@ import _common as common
 import torch
 
 from rlvr.models.tiny import load_model
+from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import sample_completions
-from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
+from rlvr.train.config import GRPOConfig
+from rlvr.train.grpo import build_trainer, grpo_step
 
 SETTINGS = {"lab": 3, "long": 12}
 
@@ -109,12 +112,12 @@ def run_setting(name: str, args) -> list[list[str]]:
                 prompts_per_step=args.prompts, group_size=8, max_new_tokens=budget, lr=0.0,
                 monitor_every=0, **switches,
             )  # fmt: skip
-            models = build_models(model, grpo)
-            models.engine = FixedEngine(fixed)
-            metrics, *_ = grpo_step(
-                models, tokenizer, lambda: rows, [reward], [1.0], grpo,
-                torch.Generator().manual_seed(0), args.threads,
+            t = build_trainer(
+                model, tokenizer, itertools.cycle(rows), [reward], grpo, seed=0,
+                engine=FixedEngine(fixed),
             )  # fmt: skip
+            result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
+            metrics = result.metrics
             seconds[mode].append(metrics["time/forward_s"] + metrics["time/backward_s"])
         common.say(f"[bench] {name} round {r + 1}/{args.rounds}")
     out = []

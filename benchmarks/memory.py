@@ -44,14 +44,15 @@ def current_rss_mb() -> float:
 
 
 def child(size: str, setup: str) -> None:
-    import itertools
 
     import torch
 
     from rlvr.config import apply_overrides
     from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+    from rlvr.report.timer import StepTimer
     from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
-    from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
+    from rlvr.train.config import GRPOConfig
+    from rlvr.train.grpo import build_trainer, grpo_step
 
     torch.set_num_threads(2)
     tokenizer = build_char_tokenizer()
@@ -61,18 +62,15 @@ def child(size: str, setup: str) -> None:
     )
     baseline = current_rss_mb()
     policy = build_tiny_model(TinyModelConfig(**SIZES[size]), tokenizer, seed=0)
-    models = build_models(policy, config)
-
-    def next_rows():
-        return [{"prompt": p.prompt, "answer": p.answer} for p in itertools.islice(problems, 8)]
+    rows = ({"prompt": p.prompt, "answer": p.answer} for p in problems)
 
     def alternating_reward(prompts, completions, **_):
         # every group has reward variance, so every setup updates on every row (a fresh model
         # solves nothing: under the math reward, GRPO would leave every row out of the update)
         return [float(i % 2) for i in range(len(completions))]
 
-    generator = torch.Generator().manual_seed(0)
-    grpo_step(models, tokenizer, next_rows, [alternating_reward], [1.0], config, generator, 2)
+    t = build_trainer(policy, tokenizer, rows, [alternating_reward], config, seed=0)
+    grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
     params = sum(p.numel() for p in policy.parameters())
     print(json.dumps({"baseline_mb": baseline, "peak_mb": rss_mb(), "params": params}))
 

@@ -21,6 +21,7 @@ from rlvr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from rlvr.train.state import TrainState
 
 TOKENIZER = build_char_tokenizer()
 
@@ -54,24 +55,15 @@ def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _save(directory: Path, step: int, objs, **kwargs) -> Path:
-    model, optimizer, scheduler, generator = objs
-    return save_checkpoint(
-        directory,
-        step,
-        policy=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        generator=generator,
-        data_position=step * 4,
-        **kwargs,
-    )
+    state = TrainState(*objs, step=step, data_position=step * 4)
+    return save_checkpoint(directory, state, **kwargs)
 
 
 def _load(path: Path, objs) -> dict:
-    model, optimizer, scheduler, generator = objs
-    return load_checkpoint(
-        path, policy=model, optimizer=optimizer, scheduler=scheduler, generator=generator
-    )
+    state = TrainState(*objs)
+    info = load_checkpoint(path, state)
+    assert (state.step, state.data_position) == (info["step"], info["data_position"])
+    return info
 
 
 def test_resume_gives_bit_identical_weights(tmp_path):
@@ -111,22 +103,17 @@ def test_round_trip_reference_and_critic(tmp_path):
     ):
         loss.backward()
         opt.step()
-    kwargs = dict(reference=reference, critic=critic, critic_optimizer=critic_optimizer)
-    path = save_checkpoint(
-        tmp_path, 1, policy=policy, optimizer=optimizer, data_position=7, **kwargs
+    saved = TrainState(
+        policy, optimizer, None, None, reference, critic, critic_optimizer, 1, data_position=7
     )
+    path = save_checkpoint(tmp_path, saved)
 
     policy2, reference2 = _tiny(5), _tiny(6)
     critic2 = ValueModel(policy2)
     optimizer2 = torch.optim.AdamW(policy2.parameters(), lr=1e-3)
     critic_optimizer2 = torch.optim.AdamW(critic2.parameters(), lr=1e-3)
     info = load_checkpoint(
-        path,
-        policy=policy2,
-        optimizer=optimizer2,
-        reference=reference2,
-        critic=critic2,
-        critic_optimizer=critic_optimizer2,
+        path, TrainState(policy2, optimizer2, None, None, reference2, critic2, critic_optimizer2)
     )
     assert info["data_position"] == 7
     for a, b in ((policy, policy2), (reference, reference2), (critic, critic2)):
@@ -238,7 +225,7 @@ def test_mismatched_objects_and_damage_refused(tmp_path):
     path = _save(tmp_path, 1, objs)
     model, optimizer, _, generator = objs
     with pytest.raises(CheckpointError, match="scheduler"):
-        load_checkpoint(path, policy=model, optimizer=optimizer, generator=generator)
+        load_checkpoint(path, TrainState(model, optimizer, None, generator))
     (path / "optimizer.pt").write_bytes(b"truncated")
     with pytest.raises(CheckpointError, match="damaged: optimizer.pt"):
         _load(path, objs)

@@ -36,10 +36,11 @@ def default_workers(model: torch.nn.Module, requested: int = 0, threads: int = 0
 
 
 @contextlib.contextmanager
-def one_op_thread() -> Iterator[None]:
-    """torch's intra-op thread count set to 1 inside the block (it is process-wide)."""
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op thread count set to `threads` inside the block (it is process-wide),
+    restored after."""
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     try:
         yield
     finally:
@@ -53,7 +54,7 @@ def map_in_threads(
     (in order, in this thread, when there is one worker or one item)."""
     if workers <= 1 or len(items) <= 1:
         return [fn(x) for x in items]
-    with one_op_thread(), ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+    with torch_threads(1), ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
         return list(pool.map(fn, items))
 
 

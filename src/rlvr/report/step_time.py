@@ -5,10 +5,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-STEP_PARTS = (  # time/<part>_s of every training step; time/other_s is the rest of the step
-    "generate", "verify", "ref_logprobs", "advantage", "forward", "backward", "optimizer",
-    "critic",
-)  # fmt: skip
+from rlvr.report.timer import STEP_PARTS
 
 
 def step_time_split(records: list[dict[str, Any]]) -> dict[str, float]:

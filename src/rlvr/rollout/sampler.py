@@ -10,7 +10,8 @@ on-policy update needs no second forward pass for the old log-probs.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,10 +32,24 @@ class RolloutBatch:
     truncated: torch.Tensor  # [N] bool, True where no EOS came within max_new_tokens
     group_ids: torch.Tensor  # [N] long, index of the prompt each row answers
     completions: list[str]  # [N] decoded completion text, EOS and padding removed
+    rows: list[dict[str, Any]] = field(default_factory=list)  # [R] task rows, when attached
+    row_index: torch.Tensor | None = None  # [N] long, index into `rows` of each completion
+
+    def __post_init__(self) -> None:
+        if self.row_index is None:  # an engine's batch: completion i answers prompt group i
+            self.row_index = self.group_ids.clone()
 
     @property
     def lengths(self) -> torch.Tensor:  # [N] completion tokens, EOS included
         return self.completion_mask.sum(dim=1)
+
+    def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(prompt_ids, prompt_mask, completion_ids, completion_mask): a loss forward's input."""
+        return self.prompt_ids, self.prompt_mask, self.completion_ids, self.completion_mask
+
+    def row_of(self, i: int) -> dict[str, Any]:
+        """The task row completion `i` answers (rows must be attached)."""
+        return self.rows[int(self.row_index[i])]
 
 
 @torch.no_grad()
@@ -246,12 +261,16 @@ def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:
         truncated=batch.truncated[rows],
         group_ids=batch.group_ids[rows],
         completions=[batch.completions[i] for i in idx],
+        rows=batch.rows,
+        row_index=batch.row_index[rows],
     )
 
 
 def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
     """Stack rollouts of several sampling calls: prompts re-padded on the left, completions on
-    the right; group ids are offset so that groups of different calls stay distinct."""
+    the right; group ids are offset so that groups of different calls stay distinct, and the
+    calls' task rows are concatenated with `row_index` offset to match (batches without rows
+    offset it like the group ids)."""
 
     def pad(tensors: list[torch.Tensor], value: float, left: bool) -> torch.Tensor:
         width = max(t.shape[1] for t in tensors)
@@ -261,10 +280,13 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
             out.append(torch.cat([extra, t] if left else [t, extra], dim=1))
         return torch.cat(out, dim=0)
 
-    offsets, group_ids = 0, []
+    offsets, group_ids, row_offset, row_index = 0, [], 0, []
     for b in batches:
         group_ids.append(b.group_ids + offsets)
-        offsets += int(b.group_ids.max()) + 1 if len(b.group_ids) else 0
+        row_index.append(b.row_index + row_offset)
+        groups = int(b.group_ids.max()) + 1 if len(b.group_ids) else 0
+        offsets += groups
+        row_offset += len(b.rows) if b.rows else groups
     return RolloutBatch(
         prompt_ids=pad([b.prompt_ids for b in batches], pad_id, left=True),
         prompt_mask=pad([b.prompt_mask for b in batches], 0, left=True),
@@ -274,4 +296,6 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         truncated=torch.cat([b.truncated for b in batches]),
         group_ids=torch.cat(group_ids),
         completions=[c for b in batches for c in b.completions],
+        rows=[r for b in batches for r in b.rows],
+        row_index=torch.cat(row_index),
     )

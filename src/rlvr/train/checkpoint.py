@@ -47,6 +47,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from rlvr.train.state import TrainState
+
 FORMAT_VERSION = 1
 MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -138,53 +140,31 @@ def _set_rng_state(state: dict[str, Any], generator: torch.Generator | None) -> 
         generator.set_state(state["generator"])
 
 
-def _components(
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any,
-    reference: torch.nn.Module | None,
-    critic: torch.nn.Module | None,
-    critic_optimizer: torch.optim.Optimizer | None,
-) -> tuple[dict[str, torch.nn.Module], dict[str, Any]]:
-    """(models by name, stateful objects with state_dict() by name), the absent ones left out."""
-    models = {"policy": policy, "reference": reference, "critic": critic}
-    states = {"optimizer": optimizer, "scheduler": scheduler, "critic_optimizer": critic_optimizer}
-    return (
-        {k: v for k, v in models.items() if v is not None},
-        {k: v for k, v in states.items() if v is not None},
-    )
-
-
 def save_checkpoint(
     directory: str | os.PathLike,
-    step: int,
+    state: TrainState,
     *,
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any = None,
-    reference: torch.nn.Module | None = None,
-    critic: torch.nn.Module | None = None,
-    critic_optimizer: torch.optim.Optimizer | None = None,
-    generator: torch.Generator | None = None,
-    data_position: int,
     extra: dict[str, Any] | None = None,
     keep_last: int | None = 3,
 ) -> Path:
-    """Write `directory/step-NNNNNN/` atomically and return its path.
+    """Write `directory/step-NNNNNN/` for `state.step` atomically and return its path.
 
-    `data_position` is how many training rows have been consumed (a resumed run skips that
-    many); `extra` is any JSON-serialisable dict (e.g. the config, the last eval). After the
+    Everything in `state` is saved: its models, optimizer and scheduler states, the sampling
+    generator and the global RNGs, and `state.data_position` (how many training rows have been
+    consumed: a resumed run skips that many); `extra` is any JSON-serialisable dict (e.g. the
+    config, the last eval). After the
     new checkpoint is complete, all but the newest `keep_last` complete checkpoints are
     deleted (`None` keeps all). An OSError while writing (a full disk, say) removes the
     temporary directory and raises `CheckpointError` saying which previous checkpoint is intact.
     """
+    step, data_position, generator = state.step, state.data_position, state.generator
     if not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
     if not isinstance(data_position, int) or data_position < 0:
         raise ValueError(f"data_position must be a non-negative int, got {data_position!r}")
     if keep_last is not None and keep_last < 1:
         raise ValueError(f"keep_last must be >= 1 or None (keep all), got {keep_last!r}")
-    models, states = _components(policy, optimizer, scheduler, reference, critic, critic_optimizer)
+    models, states = state.modules(), state.stateful()
     meta = {
         "format_version": FORMAT_VERSION,
         "components": sorted(models) + sorted(states) + (["generator"] if generator else []),
@@ -265,23 +245,14 @@ def _remove_dir(path: Path) -> None:
 # --- loading ---------------------------------------------------------------------------------
 
 
-def load_checkpoint(
-    path: str | os.PathLike,
-    *,
-    policy: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: Any = None,
-    reference: torch.nn.Module | None = None,
-    critic: torch.nn.Module | None = None,
-    critic_optimizer: torch.optim.Optimizer | None = None,
-    generator: torch.Generator | None = None,
-) -> dict[str, Any]:
-    """Restore everything `save_checkpoint` wrote into the given objects, in place.
+def load_checkpoint(path: str | os.PathLike, state: TrainState) -> dict[str, Any]:
+    """Restore everything `save_checkpoint` wrote into `state`, in place (its step and data
+    position included).
 
-    The objects passed must be the ones that were saved (same shapes; a reference, critic or
-    scheduler passed exactly when one was saved): a mismatch raises `CheckpointError` rather
-    than resuming with part of the state silently fresh. Also restores the global Python,
-    NumPy, torch and CUDA RNG states. Returns `{"step", "data_position", "extra"}`.
+    `state` must hold the objects that were saved (same shapes; a reference, critic or
+    scheduler exactly when one was saved): a mismatch raises `CheckpointError` rather than
+    resuming with part of the state silently fresh. Also restores the global Python, NumPy,
+    torch and CUDA RNG states. Returns `{"step", "data_position", "extra"}`.
     """
     path = Path(path)
     marker = path / MARKER
@@ -299,7 +270,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"{path} has format version {meta.get('format_version')}, expected {FORMAT_VERSION}"
         )
-    models, states = _components(policy, optimizer, scheduler, reference, critic, critic_optimizer)
+    models, states, generator = state.modules(), state.stateful(), state.generator
     given = sorted(models) + sorted(states) + (["generator"] if generator else [])
     if sorted(given) != sorted(meta["components"]):
         raise CheckpointError(
@@ -315,4 +286,5 @@ def load_checkpoint(
     for key, obj in states.items():
         obj.load_state_dict(torch.load(path / f"{key}.pt", map_location="cpu", weights_only=True))
     _set_rng_state(torch.load(path / "rng.pt", weights_only=True), generator)
+    state.step, state.data_position = meta["step"], meta["data_position"]
     return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}

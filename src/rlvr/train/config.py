@@ -1,13 +1,21 @@
-"""The switches of a GRPO run (`GRPOConfig`) and the one place they are checked.
+"""The switches of a GRPO run (`GRPOConfig`), and `build_plan`: the one place they are checked
+and resolved into the functions and numbers a step runs (`StepPlan`).
 
-Named recipes (`rlvr.train.recipes`) are nothing but sets of these switches.
+Named recipes (`rlvr.train.recipes`) are nothing but sets of these switches. No code after
+`build_plan` dispatches on a switch's string or reads a `GRPOConfig` field in the step.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from rlvr import algo
+from rlvr.rollout.sampler import RolloutBatch
+from rlvr.train.update import LossFn
 
 
 @dataclass(frozen=True)
@@ -98,21 +106,20 @@ class GRPOConfig:
     cpu_workers: int = 0
     """Python threads that sample and run the update's micro-batches side by side, one torch
     thread each (`rlvr.workers`); 0: one per torch thread on a CPU, one on a GPU. Faster than
-    splitting each operator across cores for small models: 1.1-1.4x for sampling, 1.2-1.4x
-    for the update on 2 cores (`benchmarks/bench_workers.py`)."""
+    splitting each operator across cores for small models (`benchmarks/bench_workers.py`)."""
     generation_threads: int = 0
     """torch threads while sampling with a single worker (`cpu_workers=1`); 0 picks by
-    completion budget: one thread up to 64 tokens (11,600 against 9,700 tokens/s on the lab
-    task), the update's threads beyond (7,400 against 6,600 at a 138-token budget)."""
+    completion budget: one thread up to 64 tokens, the update's threads beyond (measured by
+    `benchmarks/bench_rollout.py`)."""
     max_seconds: float = 0.0
     """Stop (and checkpoint) after the first step that ends past this many seconds of training
     (0: no limit); for equal-compute comparisons."""
     share_prompt_forward: bool = True
     """The update runs each group's prompt once and its G rows' completions on its KV cache
-    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved: 1.16x / 1.23x
-    one pass on the lab / long task). Micro-batches then hold whole groups, so a group's
-    completions pad to its longest: each step takes this plan only when it runs fewer tokens
-    than rows sorted by length (`micro_batches.plan_update`). False: a prompt per row."""
+    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved). Micro-batches
+    then hold whole groups, so a group's completions pad to its longest: each step takes this
+    plan only when it runs fewer tokens than rows sorted by length (`update.plan_update`).
+    False: a prompt per row."""
     micro_batch_tokens: int = 0
     """Split the update into micro-batches of at most this many padded tokens (rows sorted by
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
@@ -121,20 +128,152 @@ class GRPOConfig:
 
 
 WORKER_MICRO_BATCH_TOKENS = 2048
-"""Micro-batch budget when several CPU workers share the update (`bench_workers.py`, 2 cores,
-prompts shared: 1.45x / 1.64x one pass on the lab / long task, 1.46x / 1.60x at 1024 and
-1.15x / 1.61x at 4096)."""
+"""Micro-batch budget when several CPU workers share the update: small enough that a worker's
+activations stay in its core's cache (`benchmarks/bench_workers.py` measures 1024-4096)."""
 
-ROW_ESTIMATORS = set(algo.ADVANTAGE_ESTIMATORS)  # per-completion estimators (not gae)
+Advantages = Callable[
+    [torch.Tensor, RolloutBatch, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"],
+    "tuple[torch.Tensor, torch.Tensor | None]",
+]
+"""(shaped rewards [N], batch, loss mask [N, T], reference log-probs [N, T] | None, critic
+values [N, T] | None) -> (advantages [N] or [N, T], returns [N, T] | None)."""
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """What the rollout side needs: how many prompts and completions, and how to sample."""
+
+    prompts_per_step: int
+    group_size: int
+    max_new_tokens: int
+    temperature: float
+    max_rounds: int  # sampling rounds per step: > 1 only with DAPO's dynamic sampling
+    dynamic_sampling: bool
+    threads: int  # torch threads while sampling
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Every switch of `GRPOConfig` resolved once: the functions a step calls and its numbers."""
+
+    sampling: SamplingPlan
+    shape_rewards: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (r [N], len [N])
+    loss_mask: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (mask [N,T], trunc [N])
+    advantages: Advantages
+    loss_fn: LossFn
+    mu: int
+    temperature: float
+    grad_clip: float
+    value_clip: float
+    skip_zero_advantage: bool  # rows with advantage 0 carry no gradient (no KL in the loss)
+    share_prompts: bool  # the update may run each group's prompt once
+    micro_batch_tokens: int
+    workers: int
+    reference: bool  # a frozen reference model is needed (beta > 0)
+    critic: bool  # a value model is trained (gae)
+    ref_sync_every: int
+    ref_sync_alpha: float
+
+
+def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None) -> StepPlan:
+    """Check `config` (a `ValueError` naming every impossible setting) and resolve it for a
+    learner with `workers` CPU workers and `threads` torch threads (default: torch's count)."""
+    _check(config)
+    assert config.max_new_tokens is not None  # checked
+    threads = threads if threads is not None else torch.get_num_threads()
+    with_kl = config.beta > 0
+    beta_in_loss = 0.0 if config.kl_in_reward else config.beta
+    kl_reward = _identity_kl
+    if config.kl_in_reward and with_kl:
+        kl_reward = functools.partial(
+            _kl_into_reward, beta=config.beta, estimator=config.kl_estimator
+        )
+    if config.advantage_estimator == "gae":
+        advantages = functools.partial(
+            _gae_advantages, kl_reward=kl_reward, gamma=config.gamma, lam=config.lam
+        )
+    else:
+        advantages = functools.partial(
+            _group_advantages,
+            kl_reward=kl_reward,
+            estimator=algo.ADVANTAGE_ESTIMATORS[config.advantage_estimator],
+            scale_rewards=config.scale_rewards,
+        )
+    shape_rewards = _no_shaping
+    if config.overlong_buffer > 0:
+        shape_rewards = functools.partial(
+            _overlong_shaping,
+            max_len=config.max_new_tokens,
+            buffer=config.overlong_buffer,
+            penalty=config.overlong_penalty,
+        )
+    loss_fn = functools.partial(
+        algo.policy_loss,
+        epsilon_low=config.epsilon_low,
+        epsilon_high=config.epsilon_high,
+        clip_ratio_c=config.clip_ratio_c,
+        ratio_level=config.ratio_level,
+        beta=beta_in_loss,
+        kl_estimator=config.kl_estimator,
+        aggregation=config.aggregation,
+        max_len=config.max_new_tokens,
+    )
+    sampling = SamplingPlan(
+        prompts_per_step=config.prompts_per_step,
+        group_size=config.group_size,
+        max_new_tokens=config.max_new_tokens,
+        temperature=config.temperature,
+        max_rounds=config.max_sampling_tries if config.dynamic_sampling else 1,
+        dynamic_sampling=config.dynamic_sampling,
+        threads=generation_threads(config, threads),
+    )
+    return StepPlan(
+        sampling=sampling,
+        shape_rewards=shape_rewards,
+        loss_mask=algo.truncation_mask if config.mask_truncated else _whole_mask,
+        advantages=advantages,
+        loss_fn=loss_fn,
+        mu=config.mu,
+        temperature=config.temperature,
+        grad_clip=config.grad_clip,
+        value_clip=config.value_clip,
+        skip_zero_advantage=beta_in_loss == 0,
+        share_prompts=config.share_prompt_forward and config.group_size > 1,
+        micro_batch_tokens=config.micro_batch_tokens
+        or (WORKER_MICRO_BATCH_TOKENS if workers > 1 else 0),
+        workers=workers,
+        reference=with_kl,
+        critic=config.advantage_estimator == "gae",
+        ref_sync_every=config.ref_sync_every if with_kl else 0,
+        ref_sync_alpha=config.ref_sync_alpha,
+    )
 
 
 def check_grpo_config(config: GRPOConfig) -> None:
-    """Refuse impossible settings before any model is loaded."""
+    """`build_plan`'s check alone: refuse impossible settings before any model is loaded."""
+    build_plan(config)
+
+
+def generation_threads(config: GRPOConfig, update_threads: int) -> int:
+    """The sampling thread count (`GRPOConfig.generation_threads`; 0 is by budget); several
+    workers sample on one torch thread each whatever this says."""
+    if config.generation_threads > 0:
+        return config.generation_threads
+    return 1 if (config.max_new_tokens or 0) <= 64 else update_threads
+
+
+def _check(config: GRPOConfig) -> None:
+    """Raise one `ValueError` listing every impossible setting of `config`."""
+    problems = _switch_problems(config) + _range_problems(config)
+    if problems:
+        raise ValueError("invalid config: " + "; ".join(problems))
+
+
+def _switch_problems(config: GRPOConfig) -> list[str]:
+    """Switches whose value names no registered function."""
     problems = []
-    known = sorted(ROW_ESTIMATORS | {"gae"})
-    if config.advantage_estimator not in known:
-        problems.append(f"advantage_estimator must be one of {known}")
     registries = (
+        ("advantage_estimator", {*algo.ADVANTAGE_ESTIMATORS, "gae"}),
         ("aggregation", algo.AGGREGATIONS),
         ("kl_estimator", algo.KL_ESTIMATORS),
         ("ratio_level", algo.RATIO_LEVELS),
@@ -144,9 +283,17 @@ def check_grpo_config(config: GRPOConfig) -> None:
             problems.append(f"{name} must be one of {sorted(registry)}")
     if config.scale_rewards not in algo.REWARD_SCALES:
         problems.append("scale_rewards must be group, batch or none")
-    group_based = config.advantage_estimator in ("grpo", "dr_grpo", "rloo")
-    if config.group_size < 2 and group_based:
-        problems.append("group_size must be >= 2: a group of one has no baseline")
+    return problems
+
+
+def _range_problems(config: GRPOConfig) -> list[str]:
+    """Numbers outside the range where the step means anything."""
+    problems = []
+    if config.group_size < 2 and config.advantage_estimator in algo.GROUP_BASELINE_ESTIMATORS:
+        problems.append(
+            f"group_size must be >= 2 for {config.advantage_estimator}: a group of one has no "
+            "baseline (every advantage would be 0)"
+        )
     if config.prompts_per_step < 1 or config.steps < 1 or config.mu < 1:
         problems.append("prompts_per_step, steps and mu must be >= 1")
     if config.temperature <= 0:
@@ -157,5 +304,79 @@ def check_grpo_config(config: GRPOConfig) -> None:
         problems.append("max_new_tokens must be set (>= 1) before training")
     elif not 0 <= config.overlong_buffer < config.max_new_tokens:
         problems.append("overlong_buffer must be in [0, max_new_tokens)")
-    if problems:
-        raise ValueError("invalid config: " + "; ".join(problems))
+    return problems
+
+
+# --- the pieces build_plan chooses between (compositions of rlvr.algo formulas) --------------
+
+
+def _no_shaping(rewards: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return rewards
+
+
+def _overlong_shaping(
+    rewards: torch.Tensor, lengths: torch.Tensor, *, max_len: int, buffer: int, penalty: float
+) -> torch.Tensor:
+    """DAPO's soft overlong punishment added to the verifier's rewards."""
+    return rewards + algo.overlong_penalty(lengths, max_len, buffer, penalty)
+
+
+def _whole_mask(mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    return mask
+
+
+def _identity_kl(
+    rewards: torch.Tensor, batch: RolloutBatch, ref_logp: torch.Tensor | None
+) -> torch.Tensor:
+    return rewards
+
+
+def _kl_into_reward(
+    rewards: torch.Tensor,
+    batch: RolloutBatch,
+    ref_logp: torch.Tensor | None,
+    *,
+    beta: float,
+    estimator: str,
+) -> torch.Tensor:
+    """The KL penalty to the reference folded into the reward (PPO style): same shape out."""
+    assert ref_logp is not None, "kl_in_reward needs reference log-probs (beta > 0)"
+    return algo.kl_in_reward(
+        rewards, batch.logprobs, ref_logp, batch.completion_mask, beta, estimator
+    )
+
+
+def _group_advantages(
+    shaped: torch.Tensor,
+    batch: RolloutBatch,
+    loss_mask: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    values: torch.Tensor | None,
+    *,
+    kl_reward: Callable,
+    estimator: Callable,
+    scale_rewards: str,
+) -> tuple[torch.Tensor, None]:
+    """One advantage per completion from its group's rewards (grpo, rloo, reinforce++, ...)."""
+    rewards = kl_reward(shaped, batch, ref_logp)
+    return estimator(rewards, batch.group_ids, scale_rewards=scale_rewards), None
+
+
+def _gae_advantages(
+    shaped: torch.Tensor,
+    batch: RolloutBatch,
+    loss_mask: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    values: torch.Tensor | None,
+    *,
+    kl_reward: Callable,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO: the outcome reward on the last completion token, GAE against the critic's values,
+    advantages whitened over the loss mask; also the returns the critic regresses on."""
+    assert values is not None, "gae needs the critic's values"
+    per_token = algo.outcome_to_token_rewards(shaped, batch.completion_mask)
+    per_token = kl_reward(per_token, batch, ref_logp)
+    advantages, returns = algo.gae_advantages(per_token, values, batch.completion_mask, gamma, lam)
+    return algo.masked_whiten(advantages, loss_mask), returns

@@ -1,16 +1,18 @@
 import copy
 import dataclasses
-import itertools
 
 import pytest
 import torch
 
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
-from rlvr.report.step_time import STEP_PARTS, format_step_time, step_time_split
+from rlvr.report.step_time import format_step_time, step_time_split
+from rlvr.report.timer import STEP_PARTS, StepTimer
 from rlvr.rollout.engine import HFEngine
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
-from rlvr.train.grpo import GRPOConfig, build_models, grpo_step
-from rlvr.train.micro_batches import (
+from rlvr.train.config import GRPOConfig, generation_threads
+from rlvr.train.grpo import build_trainer, grpo_step
+from rlvr.train.monitor import monitor_hacking
+from rlvr.train.update import (
     group_micro_batches,
     plan_update,
     token_budget_micro_batches,
@@ -50,21 +52,25 @@ def test_trimmed_rows_cut_padding_columns_only():
     assert c_mask.tolist() == [[1, 1]] and values.tolist() == [[0, 1]] and adv.tolist() == [3.0]
 
 
-def _one_step(config: GRPOConfig, seed: int = 0):
+def _trainer(config: GRPOConfig, reward_fn, seed: int = 0):
+    """A trainer on a fresh 2-layer tiny model; one update worker unless `cpu_workers` says,
+    one sampling thread whatever it says."""
     tokenizer = build_char_tokenizer()
     policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), tokenizer, seed=0)
-    models = build_models(policy, config)
-    models.engine = HFEngine(policy, tokenizer)  # one sampling thread whatever cpu_workers says
     problems = train_problems(ArithmeticTaskConfig(digits=2), seed=0)
+    rows = ({"prompt": p.prompt, "answer": p.answer} for p in problems)
+    config = dataclasses.replace(config, cpu_workers=config.cpu_workers or 1)
+    engine = HFEngine(policy, tokenizer)
+    return build_trainer(policy, tokenizer, rows, [reward_fn], config, seed, engine=engine)
 
-    def next_rows():
-        return [{"prompt": p.prompt, "answer": p.answer} for p in itertools.islice(problems, 4)]
 
-    generator = torch.Generator().manual_seed(seed)
-    metrics, *_ = grpo_step(
-        models, tokenizer, next_rows, [_length_reward], [1.0], config, generator, 1
-    )
-    return policy, metrics
+def _step(t):
+    return grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
+
+
+def _one_step(config: GRPOConfig, seed: int = 0):
+    t = _trainer(config, _length_reward, seed)
+    return t.state.policy, _step(t).metrics
 
 
 def _length_reward(prompts, completions, **_):
@@ -166,13 +172,14 @@ def test_workers_default_to_the_torch_threads_on_a_cpu():
 
 
 def test_step_time_split_adds_up_and_beta_zero_skips_the_reference():
-    _, m = _one_step(GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12))
+    t = _trainer(GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12), _length_reward)
+    m = _step(t).metrics
     parts = sum(m.get(f"time/{k}_s", 0.0) for k in STEP_PARTS) + m["time/other_s"]
     assert parts == pytest.approx(m["time/step_s"], rel=1e-6)
-    assert m["time/ref_logprobs_s"] == 0.0  # beta = 0: no reference model, no forward
+    assert t.state.reference is None  # beta = 0: no reference model, no forward
     assert m["throughput/generate_tokens_per_s"] > m["throughput/completion_tokens_per_s"]
     _, m_ref = _one_step(GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12, beta=0.1))
-    assert m_ref["time/ref_logprobs_s"] > 0.0
+    assert m_ref["time/ref_logprobs_s"] > m["time/ref_logprobs_s"]
     split = step_time_split([{"step": 1, **m}, {"step": 2, **m_ref}])
     assert split["step"] == pytest.approx((m["time/step_s"] + m_ref["time/step_s"]) / 2)
     assert "median step" in format_step_time(split) and "generate" in format_step_time(split)
@@ -180,24 +187,22 @@ def test_step_time_split_adds_up_and_beta_zero_skips_the_reference():
 
 def test_monitor_compares_the_correctness_reward_not_format_bonuses():
     from rlvr.rollout.engine import batch_from_token_lists
-    from rlvr.train.grpo import monitor_hacking
 
     tokenizer = build_char_tokenizer()
     texts = ["#### 12", "#### 12", "#### 13 or 12", "#### 13"]
     tokens = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     batch = batch_from_token_lists(tokenizer, ["5+7="], 4, tokens, [[0.0] * len(t) for t in tokens])
-    rows = [{"prompt": "5+7=", "answer": "12"}]
-    config = GRPOConfig(max_new_tokens=8)
+    batch.rows = [{"prompt": "5+7=", "answer": "12"}]
 
     def weak(prompts, completions, answer, **_):  # pays any completion containing the answer
         return [float(a in c) for c, a in zip(completions, answer)]
 
     strict_then_bonus = torch.tensor([1.5, 1.5, 0.5, 0.5])  # strict + 0.5 x a format bonus
-    plain = monitor_hacking(math_reward, rows, batch, strict_then_bonus, config)
+    plain = monitor_hacking(math_reward, batch, strict_then_bonus, 32, 0.2)
     assert plain["monitor/flagged"] == 1.0  # the bonus alone looks like a gap of 0.5
-    fair = monitor_hacking(math_reward, rows, batch, strict_then_bonus, config, math_reward)
+    fair = monitor_hacking(math_reward, batch, strict_then_bonus, 32, 0.2, math_reward)
     assert fair["monitor/gap"] == 0.0 and fair["monitor/flagged"] == 0.0
-    gamed = monitor_hacking(math_reward, rows, batch, torch.zeros(4), config, weak)
+    gamed = monitor_hacking(math_reward, batch, torch.zeros(4), 32, 0.2, weak)
     assert gamed["monitor/train_reward"] == 0.75 and gamed["monitor/strict_acc"] == 0.5
     assert gamed["monitor/flagged"] == 1.0
 
@@ -206,23 +211,15 @@ def test_rows_of_zero_variance_groups_are_skipped_without_changing_the_gradient(
     from rlvr import algo
     from rlvr.models.logprobs import completion_logprobs
 
-    tokenizer = build_char_tokenizer()
-    policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), tokenizer, seed=0)
-    initial = copy.deepcopy(policy)
-    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2)
-    models = build_models(policy, config)
-    problems = train_problems(ArithmeticTaskConfig(digits=2), seed=0)
-
-    def next_rows():
-        return [{"prompt": p.prompt, "answer": p.answer} for p in itertools.islice(problems, 4)]
-
     def half_constant(prompts, completions, **_):  # groups 0 and 2 all equal: zero variance
         return [0.5 if i // 4 in (0, 2) else len(c) % 3 / 2 for i, c in enumerate(completions)]
 
-    generator = torch.Generator().manual_seed(0)
-    metrics, batch, _, rewards = grpo_step(
-        models, tokenizer, next_rows, [half_constant], [1.0], config, generator, 1
-    )
+    config = GRPOConfig(prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2)
+    t = _trainer(config, half_constant)
+    policy = t.state.policy
+    initial = copy.deepcopy(policy)
+    result = _step(t)
+    metrics, batch, rewards = result.metrics, result.batch, result.rewards
     assert 0.5 <= metrics["update/rows_skipped_frac"] < 1.0
     # the reference: one pass over every row, from the initial weights
     advantages = algo.ADVANTAGE_ESTIMATORS["grpo"](rewards, batch.group_ids, scale_rewards="group")
@@ -240,8 +237,6 @@ def test_rows_of_zero_variance_groups_are_skipped_without_changing_the_gradient(
 
 
 def test_generation_threads_follow_the_budget_unless_set():
-    from rlvr.train.grpo import generation_threads
-
     assert generation_threads(GRPOConfig(max_new_tokens=48), 2) == 1
     assert generation_threads(GRPOConfig(max_new_tokens=138), 2) == 2
     assert generation_threads(GRPOConfig(max_new_tokens=138, generation_threads=1), 2) == 1

@@ -1,0 +1,140 @@
+"""The learner role: the policy, its optimizer and scheduler; the reference and critic when the
+plan needs them. It turns a step's rollouts and advantages into updated weights.
+
+In one process this is an object beside the rollout; past one process the same calls run on
+every torch.distributed rank (each on its share of the rows, the loss divisors global) and the
+weights go back to rollout workers as a state dict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rlvr.models.logprobs import completion_logprobs
+from rlvr.report.timer import StepTimer
+from rlvr.rollout.sampler import RolloutBatch
+from rlvr.train.config import StepPlan
+from rlvr.train.reference import sync_reference
+from rlvr.train.state import TrainState
+from rlvr.train.update import (
+    UpdateWork,
+    accumulate_gradients,
+    critic_step,
+    optimizer_step,
+    plan_update_work,
+)
+
+
+@dataclass
+class UpdateBatch:
+    """What one step trains on: the rollouts and what the step computed from them."""
+
+    rollout: RolloutBatch
+    advantages: torch.Tensor  # [N] per completion, or [N, T] per token (gae)
+    loss_mask: torch.Tensor  # [N, T] float: tokens the loss counts
+    ref_logp: torch.Tensor | None  # [N, T] reference log-probs (beta > 0)
+    values: torch.Tensor | None  # [N, T] critic values at sampling time (gae)
+    returns: torch.Tensor | None  # [N, T] the critic's regression targets (gae)
+
+
+class Learner:
+    """Owns `state`'s models and optimizers; every switch it obeys comes resolved in `plan`."""
+
+    def __init__(self, state: TrainState, plan: StepPlan) -> None:
+        self.state, self.plan = state, plan
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.state.policy
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The policy's weights, for a rollout engine that holds its own copy."""
+        return self.state.policy.state_dict()
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[N, T] log-probs under the reference model; None when there is none (beta == 0)."""
+        if self.state.reference is None:
+            return None
+        return completion_logprobs(
+            self.state.reference, *batch.model_inputs(), self.plan.temperature
+        )
+
+    @torch.no_grad()
+    def values(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """[N, T] the critic's values of the sampled tokens; None without a critic."""
+        if self.state.critic is None:
+            return None
+        return self.state.critic(*batch.model_inputs())
+
+    def plan_update(self, data: UpdateBatch) -> UpdateWork:
+        """Which rows carry a gradient and how they split into micro-batches per worker."""
+        self.state.policy.train()
+        return plan_update_work(
+            data.rollout,
+            data.advantages,
+            data.loss_mask,
+            skip_zero_advantage=self.plan.skip_zero_advantage,
+            workers=self.plan.workers,
+            micro_batch_tokens=self.plan.micro_batch_tokens,
+            share_prompts=self.plan.share_prompts,
+        )
+
+    def policy_step(self, data: UpdateBatch, work: UpdateWork, timer: StepTimer) -> dict:
+        """One pass over the batch and one optimizer step; `update/nonfinite` when a NaN/Inf
+        loss or gradient made it skip the step."""
+        state, plan = self.state, self.plan
+        state.optimizer.zero_grad(set_to_none=True)
+        result = accumulate_gradients(
+            state.policy,
+            data.rollout,
+            work,
+            data.advantages,
+            data.loss_mask,
+            data.ref_logp,
+            plan.loss_fn,
+            plan.temperature,
+            plan.workers,
+        )
+        timer.add("forward", result.forward_s)
+        timer.add("backward", result.backward_s)
+        with timer("optimizer"):
+            grad_norm, stepped = optimizer_step(
+                state.policy, state.optimizer, plan.grad_clip, result.loss
+            )
+        metrics = {
+            **result.metrics,
+            "loss": result.loss,
+            "lr": state.optimizer.param_groups[0]["lr"],
+            "update/micro_batches": float(len(work.parts)),
+            "update/shared_prompts": float(work.shared_prompts),
+            "update/rows_skipped_frac": 1.0 - work.carried / work.rows,
+            "grad_norm": grad_norm.item(),
+        }
+        if not stepped:
+            metrics["update/nonfinite"] = 1.0
+        return metrics
+
+    def critic_step(self, data: UpdateBatch, timer: StepTimer) -> dict[str, float]:
+        """One step of PPO's value model on the batch."""
+        assert self.state.critic is not None and self.state.critic_optimizer is not None
+        assert data.values is not None and data.returns is not None
+        with timer("critic"):
+            return critic_step(
+                self.state.critic,
+                self.state.critic_optimizer,
+                data.rollout,
+                data.values,
+                data.returns,
+                data.loss_mask,
+                self.plan.value_clip,
+                self.plan.grad_clip,
+            )
+
+    def sync_reference(self, step: int) -> None:
+        """Every `ref_sync_every` steps, move the reference toward the policy (0: never)."""
+        every = self.plan.ref_sync_every
+        if self.state.reference is not None and every > 0 and step % every == 0:
+            sync_reference(self.state.reference, self.state.policy, self.plan.ref_sync_alpha)

@@ -1,0 +1,120 @@
+"""The rollout role: an engine, the task's reward functions, and DAPO's dynamic sampling.
+
+`collect` turns the next prompts of the row stream into a `RolloutBatch` (task rows attached,
+`row_index` joining each completion to its row) and one reward per completion; `sync` makes the
+engine sample from the learner's current weights. In one process the engine samples with the
+policy module itself; past one process the same two calls go to rollout workers, and only
+plain CPU tensors and lists cross the boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from rlvr import algo
+from rlvr.report.timer import StepTimer
+from rlvr.rollout.engine import RolloutEngine
+from rlvr.rollout.sampler import RolloutBatch, concat_batches, select_rows
+from rlvr.tasks.rewards import RewardFn, reward_columns, total_rewards
+from rlvr.train.config import SamplingPlan
+from rlvr.workers import torch_threads
+
+
+class HasPolicy(Protocol):
+    policy: torch.nn.Module
+
+
+class Rollout:
+    """Samples `group_size` completions for `prompts_per_step` rows of `rows` and scores them
+    with `reward_fns` (weighted sum, crashes scored 0 and counted: `total_rewards`)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        rows: Iterator[dict[str, Any]],
+        reward_fns: Sequence[RewardFn],
+        reward_weights: Sequence[float],
+        plan: SamplingPlan,
+        pad_id: int,
+    ) -> None:
+        self.engine, self.rows, self.plan, self.pad_id = engine, rows, plan, pad_id
+        self.reward_fns, self.reward_weights = list(reward_fns), list(reward_weights)
+        self.consumed = 0  # training rows taken from the stream: a checkpoint's data position
+
+    def skip(self, n: int) -> None:
+        """Take `n` rows off the stream unseen (a resumed run restarts where it stopped)."""
+        for _ in range(n):
+            next(self.rows)
+        self.consumed += n
+
+    def collect(
+        self, generator: torch.Generator, timer: StepTimer
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        """(batch [N], rewards [N], metrics) of one step. With dynamic sampling only groups
+        whose rewards differ are kept, and more prompts are drawn until `prompts_per_step`
+        groups are (at most `max_rounds` rounds; then the step trains on what was kept)."""
+        plan = self.plan
+        batches, rewards_per_round, metrics, kept, rounds = [], [], {}, 0, 0
+        with torch_threads(plan.threads):
+            while rounds < plan.max_rounds:
+                rounds += 1
+                batch, rewards, metrics = self._round(generator, timer)
+                if plan.dynamic_sampling:
+                    keep = algo.dynamic_sampling_keep(rewards, batch.group_ids)
+                    rows = keep.nonzero().squeeze(1)
+                    batch, rewards = select_rows(batch, rows), rewards[rows]
+                batches.append(batch)
+                rewards_per_round.append(rewards)
+                kept += len(batch.group_ids.unique())
+                if kept >= plan.prompts_per_step:
+                    break
+        # one sampling round (always, without dynamic sampling) needs no re-padding copy
+        batch = batches[0] if len(batches) == 1 else concat_batches(batches, self.pad_id)
+        rewards = torch.cat(rewards_per_round)
+        if plan.dynamic_sampling:
+            batch, rewards = _first_groups(batch, rewards, plan.prompts_per_step)
+            metrics["sampling/tries"], metrics["sampling/kept_groups"] = float(rounds), float(kept)
+        return batch, rewards, metrics
+
+    def _round(
+        self, generator: torch.Generator, timer: StepTimer
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        """One sampling call and its rewards, the rows attached to the batch."""
+        plan = self.plan
+        rows = [next(self.rows) for _ in range(plan.prompts_per_step)]
+        self.consumed += len(rows)
+        prompts = [r["prompt"] for r in rows]
+        with timer("generate"):
+            batch = self.engine.generate(
+                prompts, plan.group_size, plan.max_new_tokens, plan.temperature, generator
+            )
+        batch.rows = rows  # engines number a call's prompts 0..B-1: row_index indexes rows
+        with timer("verify"):
+            per_completion = [batch.row_of(i) for i in range(len(batch.completions))]
+            rewards, metrics = total_rewards(
+                self.reward_fns,
+                self.reward_weights,
+                [r["prompt"] for r in per_completion],
+                batch.completions,
+                reward_columns(per_completion),
+            )
+        return batch, rewards, metrics
+
+    def sync(self, learner: HasPolicy) -> None:
+        """Make the next `collect` sample from the learner's current weights (nothing to do
+        when the engine samples with the policy module itself)."""
+        self.engine.sync_weights(learner.policy)
+
+
+def _first_groups(
+    batch: RolloutBatch, rewards: torch.Tensor, groups: int
+) -> tuple[RolloutBatch, torch.Tensor]:
+    """The completions of the first `groups` groups, in sampling order (dynamic sampling may
+    keep more than a step trains on)."""
+    if len(rewards) == 0:
+        return batch, rewards
+    first = batch.group_ids < batch.group_ids.unique()[:groups].max() + 1
+    return select_rows(batch, first.nonzero().squeeze(1)), rewards[first]

@@ -1,0 +1,384 @@
+"""The policy update of one step: micro-batches, worker threads, gradient sums, the divisors.
+
+`plan_update_work` decides once per step which rows carry a gradient, how they are shared among
+the CPU workers and cut into micro-batches, and the divisors every micro-batch's loss keeps;
+`accumulate_gradients` runs that plan and leaves in each parameter's `.grad` the gradient of
+one pass over the whole batch; `optimizer_step` clips and steps (or refuses a NaN/Inf);
+`critic_step` is PPO's value update.
+
+Micro-batches by a padded-token budget: a forward pass over a padded batch costs
+rows x (longest prompt + longest completion) tokens. Sorting rows by length before splitting
+puts similar lengths together, so each micro-batch is trimmed to its own longest row and little
+padding is computed; the budget bounds activation memory. Gradients are accumulated across
+micro-batches and the loss keeps the whole step's divisor (see `policy_loss`'s `num_tokens` /
+`num_seqs`), so the update is the same as one pass over the whole batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from rlvr import algo
+from rlvr.models.logprobs import completion_logprobs, completion_logprobs_shared_prompts
+from rlvr.models.value import ValueModel
+from rlvr.rollout.sampler import RolloutBatch
+from rlvr.workers import balanced_shards, map_in_threads
+
+
+def token_budget_micro_batches(
+    prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, max_tokens: int
+) -> list[torch.Tensor]:
+    """Row indices of each micro-batch; a micro-batch's padded size
+    `rows x (max prompt length + max completion length)` stays within `max_tokens` unless one
+    row alone exceeds it. `max_tokens <= 0`: one micro-batch of all rows, in their order."""
+    units = [[i] for i in range(len(prompt_lengths))]
+    return _pack(units, prompt_lengths, completion_lengths, max_tokens)
+
+
+def _pack(
+    units: list[list[int]],
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    max_tokens: int,
+) -> list[torch.Tensor]:
+    """Micro-batches of whole `units` (lists of row indices): units sorted by their longest row
+    (stable), each added to the current micro-batch while its padded size
+    `rows x (max prompt + max completion)` stays within `max_tokens`. `max_tokens <= 0`: one
+    micro-batch of all rows, in their order."""
+    prompt, completion = [int(x) for x in prompt_lengths], [int(x) for x in completion_lengths]
+    if max_tokens <= 0:
+        return [torch.arange(len(prompt))]
+    units = sorted(units, key=lambda rows: -max(prompt[i] + completion[i] for i in rows))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    widest_prompt = widest_completion = 0
+    for rows in units:
+        p = max(widest_prompt, *(prompt[i] for i in rows))
+        c = max(widest_completion, *(completion[i] for i in rows))
+        if current and (len(current) + len(rows)) * (p + c) > max_tokens:
+            batches.append(current)
+            current = []
+            p, c = max(prompt[i] for i in rows), max(completion[i] for i in rows)
+        current.extend(rows)
+        widest_prompt, widest_completion = p, c
+    batches.append(current)
+    return [torch.tensor(b, dtype=torch.long) for b in batches]
+
+
+def trimmed_rows(
+    rows: torch.Tensor,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *per_token: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, ...]:
+    """The rows `rows` of left-padded prompt tensors and right-padded [N, T] completion tensors,
+    with the columns no selected row uses cut off. Returns (prompt_ids, prompt_mask,
+    completion_mask, *per_token); `per_token` tensors may be None, or [N] (kept whole)."""
+    p = int(prompt_mask[rows].sum(dim=1).max())
+    c = int(completion_mask[rows].sum(dim=1).max())
+    width = prompt_ids.shape[1]
+    out: list[torch.Tensor | None] = [
+        prompt_ids[rows][:, width - p :],
+        prompt_mask[rows][:, width - p :],
+        completion_mask[rows][:, :c],
+    ]
+    for t in per_token:
+        if t is None:
+            out.append(None)
+        elif t.dim() == 1:
+            out.append(t[rows])
+        else:
+            out.append(t[rows][:, :c])
+    return tuple(out)
+
+
+def group_micro_batches(
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    max_tokens: int,
+) -> list[torch.Tensor]:
+    """Like `token_budget_micro_batches`, but a group's rows are never split: micro-batches of
+    whole groups (so that a group's prompt can be run once for all its rows). Groups are sorted
+    by their longest row; a micro-batch's padded size `rows x (max prompt + max completion)`
+    stays within `max_tokens` unless one group alone exceeds it. `max_tokens <= 0`: one
+    micro-batch of all rows, in their order."""
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(group_ids.tolist()):
+        members.setdefault(g, []).append(i)
+    return _pack(list(members.values()), prompt_lengths, completion_lengths, max_tokens)
+
+
+def tokens_to_run(
+    parts: list[torch.Tensor],
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    shared_prompts: bool,
+) -> int:
+    """Padded tokens a forward pass over `parts` runs: per micro-batch, its prompts (one per
+    row, or one per group when `shared_prompts`) at its widest prompt, plus its rows at its
+    widest completion."""
+    total = 0
+    for part in parts:
+        prompts = len(torch.unique(group_ids[part])) if shared_prompts else len(part)
+        total += prompts * int(prompt_lengths[part].max())
+        total += len(part) * int(completion_lengths[part].max())
+    return total
+
+
+def plan_update(
+    rows: torch.Tensor,
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+    workers: int,
+    max_tokens: int,
+    share_prompts: bool,
+) -> tuple[list[list[torch.Tensor]], bool]:
+    """The update's micro-batches, per worker, for the batch rows `rows` (indices into the
+    per-row tensors): the rows are shared among `workers` by tokens (`balanced_shards`) and
+    each share is cut into micro-batches of at most `max_tokens` padded tokens.
+
+    With `share_prompts` two plans are made: by row (sorted by length: least padding) and by
+    whole group (each group's prompt run once, but a group's completions pad to its longest);
+    the one with fewer `tokens_to_run` is taken. Returns (micro-batches of each worker, whether
+    the plan shares prompts); workers left without rows are dropped."""
+    best: tuple[int, list[list[torch.Tensor]], bool] | None = None
+    for shared in [False, True] if share_prompts else [False]:
+        if shared:
+            unit_of_row = torch.unique(group_ids[rows], return_inverse=True)[1]
+        else:
+            unit_of_row = torch.arange(len(rows))
+        num_units = int(unit_of_row.max()) + 1 if len(rows) else 0
+        row_tokens = (prompt_lengths + completion_lengths)[rows].float()
+        unit_tokens = torch.zeros(num_units).index_add_(0, unit_of_row, row_tokens)
+        shards = []
+        for units in balanced_shards(unit_tokens.tolist(), workers):
+            mine = rows[torch.isin(unit_of_row, torch.tensor(units, dtype=torch.long))]
+            lengths = (prompt_lengths[mine], completion_lengths[mine], max_tokens)
+            if shared:
+                split = group_micro_batches(group_ids[mine], *lengths)
+            else:
+                split = token_budget_micro_batches(*lengths)
+            shards.append([mine[part] for part in split if len(part) > 0])
+        shards = [shard for shard in shards if shard]
+        parts = [part for shard in shards for part in shard]
+        cost = tokens_to_run(parts, group_ids, prompt_lengths, completion_lengths, shared)
+        if best is None or cost < best[0]:
+            best = (cost, shards, shared)
+    assert best is not None
+    return best[1], best[2]
+
+
+LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+"""`algo.policy_loss` with the run's switches bound: `(logp, old_logp, advantages, mask, *,
+ref_logp, num_tokens=None, num_seqs=None) -> (loss, metrics)`."""
+
+
+@dataclass(frozen=True)
+class UpdateWork:
+    """One step's update, planned: each worker's micro-batches (row indices) and the divisors.
+
+    `whole` means one micro-batch holding every row: the loss then divides by its own counts.
+    Otherwise every micro-batch divides by the whole step's (`divisors`: the step's loss-mask
+    tokens and rows), so that the summed gradient is that of one pass over the whole batch."""
+
+    shards: list[list[torch.Tensor]]  # per worker, per micro-batch: [rows] long
+    shared_prompts: bool  # each group's prompt runs once (whole groups per micro-batch)
+    whole: bool
+    divisors: dict[str, float]
+    carried: int  # rows that carry a gradient
+    carried_tokens: float  # their loss-mask tokens: the weight of the policy/* metrics
+    rows: int  # rows of the step
+
+    @property
+    def parts(self) -> list[torch.Tensor]:
+        return [part for shard in self.shards for part in shard]
+
+
+def plan_update_work(
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    skip_zero_advantage: bool,
+    workers: int,
+    micro_batch_tokens: int,
+    share_prompts: bool,
+) -> UpdateWork:
+    """Plan the update of `batch`. With `skip_zero_advantage` (no KL term in the loss, one
+    advantage per row), rows whose advantage is exactly 0 (every row of a zero-variance group)
+    get no forward pass: they add nothing to the loss or its gradient. The rest are shared
+    among `workers` by tokens and cut into micro-batches of at most `micro_batch_tokens` padded
+    tokens (0: one per worker), whole groups when that runs fewer tokens (`plan_update`)."""
+    n = len(advantages)
+    carrying = torch.arange(n)
+    if skip_zero_advantage and advantages.dim() == 1:
+        carrying = (advantages != 0).nonzero().squeeze(1)
+    shards, shared = plan_update(
+        carrying,
+        batch.group_ids,
+        batch.prompt_mask.sum(dim=1),
+        batch.lengths,
+        workers,
+        micro_batch_tokens,
+        share_prompts,
+    )
+    whole = sum(len(shard) for shard in shards) == 1 and len(carrying) == n
+    divisors = (
+        {} if whole else {"num_tokens": max(1.0, loss_mask.sum().item()), "num_seqs": float(n)}
+    )
+    return UpdateWork(
+        shards=shards,
+        shared_prompts=shared,
+        whole=whole,
+        divisors=divisors,
+        carried=len(carrying),
+        carried_tokens=max(1.0, loss_mask[carrying].sum().item()),
+        rows=n,
+    )
+
+
+@dataclass
+class UpdateResult:
+    """What `accumulate_gradients` measured: the summed loss, the token-weighted policy/*
+    metrics, and the wall seconds split into forward and backward."""
+
+    loss: float
+    metrics: dict[str, float]
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+
+
+def accumulate_gradients(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    work: UpdateWork,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    loss_fn: LossFn,
+    temperature: float,
+    workers: int,
+) -> UpdateResult:
+    """Set every trainable parameter's `.grad` to the gradient of the step's loss, run as
+    `work` plans it: each worker's micro-batches in its own thread, gradients summed per worker
+    and then across workers in worker order (deterministic). With nothing to run, the gradients
+    are zeros (the optimizer still steps: Adam's moments decay)."""
+    params = [p for p in policy.parameters() if p.requires_grad]
+    if not work.parts:
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        return UpdateResult(0.0, {"policy/clip_frac": 0.0, "policy/approx_kl": 0.0})
+
+    def shard_gradients(shard: list[torch.Tensor]) -> tuple[list, UpdateResult]:
+        grads, result = None, UpdateResult(0.0, {})
+        for part in shard:
+            cols, (old, adv, mask, ref) = _micro_batch(
+                batch, part, not work.whole, batch.logprobs, advantages, loss_mask, ref_logp
+            )
+            t_fwd = time.perf_counter()
+            if work.shared_prompts:  # each group's prompt runs once; same values and gradients
+                logp = completion_logprobs_shared_prompts(
+                    policy, *cols, batch.group_ids[part], temperature
+                )
+            else:
+                logp = completion_logprobs(policy, *cols, temperature)
+            loss, metrics = loss_fn(logp, old, adv, mask, ref_logp=ref, **work.divisors)
+            t_bwd = time.perf_counter()
+            part_grads = torch.autograd.grad(loss, params, allow_unused=True)
+            result.forward_s += t_bwd - t_fwd
+            result.backward_s += time.perf_counter() - t_bwd
+            grads = part_grads if grads is None else [_add(a, b) for a, b in zip(grads, part_grads)]
+            result.loss += loss.item()
+            weight = mask.sum().item() / work.carried_tokens
+            for key, value in metrics.items():  # token-weighted over the rows that carry
+                result.metrics[key] = result.metrics.get(key, 0.0) + weight * value
+        return grads, result
+
+    t0 = time.perf_counter()
+    results = map_in_threads(shard_gradients, work.shards, workers)
+    wall = time.perf_counter() - t0
+    for p, *shard_grads in zip(params, *[grads for grads, _ in results]):
+        p.grad = _sum_grads(p, shard_grads)
+    total = UpdateResult(sum(r.loss for _, r in results), {})
+    for _, r in results:
+        for key, value in r.metrics.items():
+            total.metrics[key] = total.metrics.get(key, 0.0) + value
+    # the workers overlap: the wall time is split in the ratio of their summed parts
+    fwd_s, bwd_s = sum(r.forward_s for _, r in results), sum(r.backward_s for _, r in results)
+    total.forward_s = wall * fwd_s / max(fwd_s + bwd_s, 1e-12)
+    total.backward_s = wall * bwd_s / max(fwd_s + bwd_s, 1e-12)
+    return total
+
+
+def optimizer_step(
+    policy: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, loss: float
+) -> tuple[torch.Tensor, bool]:
+    """Clip the gradient's global norm to `grad_clip` and step; returns (the norm before
+    clipping, whether the optimizer stepped). A NaN/Inf loss or norm would poison the weights
+    and Adam's moments: the step is skipped and the gradients cleared (the loop counts such
+    steps and stops after `max_nonfinite_steps` in a row)."""
+    grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
+        optimizer.zero_grad(set_to_none=True)
+        return grad_norm, False
+    optimizer.step()
+    return grad_norm, True
+
+
+def critic_step(
+    critic: ValueModel,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    loss_mask: torch.Tensor,
+    value_clip: float,
+    grad_clip: float,
+) -> dict[str, float]:
+    """One clipped value-loss step of PPO's critic on the whole batch; returns its metrics."""
+    loss, metrics = algo.value_loss(
+        critic(*batch.model_inputs()), old_values, returns, loss_mask, value_clip
+    )
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)
+    optimizer.step()
+    return metrics
+
+
+def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    return b if a is None else a if b is None else a + b
+
+
+def _sum_grads(param: torch.Tensor, grads: list[torch.Tensor | None]) -> torch.Tensor:
+    """The workers' gradients of `param` summed in worker order (zeros if none reached it)."""
+    total = functools.reduce(_add, grads, None)
+    return total if total is not None else torch.zeros_like(param)
+
+
+def _micro_batch(
+    batch: RolloutBatch, rows: torch.Tensor, trim: bool, *per_token: torch.Tensor | None
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor | None, ...]]:
+    """(loss-forward columns, per-token tensors) of micro-batch `rows`; untrimmed (the whole
+    batch as it is) when there is a single micro-batch."""
+    if not trim:
+        return batch.model_inputs(), per_token
+    prompt_ids, prompt_mask, completion_mask, completion_ids, *rest = trimmed_rows(
+        rows,
+        batch.prompt_ids,
+        batch.prompt_mask,
+        batch.completion_mask,
+        batch.completion_ids,
+        *per_token,
+    )
+    return (prompt_ids, prompt_mask, completion_ids, completion_mask), tuple(rest)
