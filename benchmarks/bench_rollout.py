@@ -64,9 +64,15 @@ def main() -> None:
                 generator = torch.Generator().manual_seed(r)
                 t0 = time.perf_counter()
                 batch = sample_completions(
-                    model, tokenizer, prompts, args.group_size, budget, 1.0, generator,
+                    model,
+                    tokenizer,
+                    prompts,
+                    args.group_size,
+                    budget,
+                    1.0,
+                    generator,
                     **{**switches, **({"workers": args.threads} if "workers" in switches else {})},
-                )  # fmt: skip
+                )
                 seconds[mode].append(time.perf_counter() - t0)
                 tokens[mode].append(batch.lengths.sum().item())
         first = None

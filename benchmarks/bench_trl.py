@@ -118,10 +118,16 @@ def _evaluate(model, tokenizer, spec: dict, task) -> dict[str, float]:
     return {
         "greedy_acc": held_out_accuracy(model, tokenizer, rows, task.score, budget),
         "sampled_acc": held_out_accuracy(
-            model, tokenizer, rows, task.score, budget, temperature=1.0,
-            num_samples=spec["eval_samples"], seed=1,
+            model,
+            tokenizer,
+            rows,
+            task.score,
+            budget,
+            temperature=1.0,
+            num_samples=spec["eval_samples"],
+            seed=1,
         ),
-    }  # fmt: skip
+    }
 
 
 def child_rlvr(spec: dict) -> None:
@@ -139,10 +145,16 @@ def child_rlvr(spec: dict) -> None:
     model, tokenizer = load_model(spec["base_dir"])
     base_eval = _evaluate(model, tokenizer, spec, task) if spec["eval_base"] else {}
     config = GRPOConfig(
-        steps=spec["steps"], prompts_per_step=spec["prompts"], group_size=spec["group"],
-        max_new_tokens=spec["budget"], temperature=1.0, lr=spec["lr"], beta=0.0, mu=1,
+        steps=spec["steps"],
+        prompts_per_step=spec["prompts"],
+        group_size=spec["group"],
+        max_new_tokens=spec["budget"],
+        temperature=1.0,
+        lr=spec["lr"],
+        beta=0.0,
+        mu=1,
         checkpoint_every=0,  # only the final checkpoint, as a short run writes
-    )  # fmt: skip
+    )
     ends = _round_ends(spec["schedule"])
     starts: list[float] = []  # wall-clock start of each step (when it asks for its rows)
     run = RunDirectory(tempfile.mkdtemp(prefix="rlvr-bench-"), "rlvr")
@@ -170,13 +182,26 @@ def child_rlvr(spec: dict) -> None:
             for _ in range(spec["prompts"]):
                 yield next(stream)
 
-    _send({"ready": True, "base_eval": base_eval, "shape": common.model_shape(model),
-           "imports_rss_mb": imports_mb})  # fmt: skip
+    _send(
+        {
+            "ready": True,
+            "base_eval": base_eval,
+            "shape": common.model_shape(model),
+            "imports_rss_mb": imports_mb,
+        }
+    )
     train_grpo(
-        model, tokenizer, rows(), [common.reward_fn(spec, task)], config, run,
+        model,
+        tokenizer,
+        rows(),
+        [common.reward_fn(spec, task)],
+        config,
+        run,
         evaluate=lambda m: {},  # held-out accuracy is measured once, after the last step
-        seed=spec["seed"], progress=False, strict_reward_fn=task.reward_fn,
-    )  # fmt: skip
+        seed=spec["seed"],
+        progress=False,
+        strict_reward_fn=task.reward_fn,
+    )
     end = time.perf_counter()
     peak = common.peak_rss_mb()
     report(spec["steps"], end)
@@ -273,23 +298,45 @@ def child_trl(spec: dict) -> None:
         output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
         # the CPU settings TRL's GPU defaults need (bf16, gradient checkpointing, lr 1e-6 and a
         # 512-token budget are its defaults)
-        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        report_to="none", logging_strategy="no", save_strategy="no", disable_tqdm=True,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        logging_strategy="no",
+        save_strategy="no",
+        disable_tqdm=True,
         # the same update as rlvr's
         per_device_train_batch_size=spec["prompts"] * spec["group"],  # completions, not prompts
-        gradient_accumulation_steps=1, num_generations=spec["group"],
-        max_completion_length=spec["budget"], temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, max_grad_norm=1.0, beta=0.0, num_iterations=1, epsilon=0.2,
+        gradient_accumulation_steps=1,
+        num_generations=spec["group"],
+        max_completion_length=spec["budget"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        num_iterations=1,
+        epsilon=0.2,
         loss_type="dapo",  # token-mean over the batch: rlvr's `aggregation="token-mean"`
-        scale_rewards="group", max_steps=spec["steps"], seed=spec["seed"],
+        scale_rewards="group",
+        max_steps=spec["steps"],
+        seed=spec["seed"],
         shuffle_dataset=False,  # the prompts in rlvr's order
         dataloader_num_workers=0,
-    )  # fmt: skip
+    )
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[strict_math], args=args, train_dataset=dataset,
-        processing_class=tokenizer, callbacks=[Pace()],
-    )  # fmt: skip
+        model=model,
+        reward_funcs=[strict_math],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Pace()],
+    )
     _send({"ready": True, "optim": str(args.optim), "imports_rss_mb": imports_mb})
     trainer.train()
     peak = common.peak_rss_mb()
@@ -310,8 +357,12 @@ class Child:
         env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE", TOKENIZERS_PARALLELISM="false")
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--child", framework, json.dumps(spec)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+        )
 
     def receive(self) -> dict:
         for line in self.proc.stdout:
@@ -348,12 +399,21 @@ def run_setting(name: str, args) -> dict:
     steps, rounds = args.steps, min(args.rounds, args.steps)
     schedule = [steps // rounds + (i < steps % rounds) for i in range(rounds)]
     spec = {
-        "digits": digits, "base_dir": str(base_dir), "steps": steps, "schedule": schedule,
-        "prompts": args.prompts, "group": 8, "budget": task.max_new_tokens, "lr": args.lr,
-        "seed": args.seed, "held_out": args.held_out, "eval_samples": args.eval_samples,
-        "eval_base": False, "trl_generation_threads": 0,
+        "digits": digits,
+        "base_dir": str(base_dir),
+        "steps": steps,
+        "schedule": schedule,
+        "prompts": args.prompts,
+        "group": 8,
+        "budget": task.max_new_tokens,
+        "lr": args.lr,
+        "seed": args.seed,
+        "held_out": args.held_out,
+        "eval_samples": args.eval_samples,
+        "eval_base": False,
+        "trl_generation_threads": 0,
         "reward": "digits" if name == "long" else "strict",
-    }  # fmt: skip
+    }
     common.say(f"[bench] {name}: {task.describe}, base {base_how}, schedule {schedule}")
     children = {"rlvr": Child("rlvr", {**spec, "eval_base": True})}
     for threads in args.trl_generation_threads:
@@ -381,16 +441,27 @@ def run_setting(name: str, args) -> dict:
     shape = ready["rlvr"]["shape"]
     prompt_len = len(task.held_out_rows()[0]["prompt"])  # fixed-width problems, one char each
     result = {
-        "setting": name, "task": task.describe, "base": base_how, "base_dir": str(base_dir),
-        "spec": spec, "shape": shape, "prompt_tokens": prompt_len,
-        "matmul_gflops": matmul, "base_eval": ready["rlvr"]["base_eval"],
-        "trl_optim": ready[keys[1]]["optim"], "threads": info,
+        "setting": name,
+        "task": task.describe,
+        "base": base_how,
+        "base_dir": str(base_dir),
+        "spec": spec,
+        "shape": shape,
+        "prompt_tokens": prompt_len,
+        "matmul_gflops": matmul,
+        "base_eval": ready["rlvr"]["base_eval"],
+        "trl_optim": ready[keys[1]]["optim"],
+        "threads": info,
         "frameworks": {
-            k: {"steps": steps_of[k], **finals[k], **_summary(steps_of[k]),
-                "imports_rss_mb": ready[k]["imports_rss_mb"]}
+            k: {
+                "steps": steps_of[k],
+                **finals[k],
+                **_summary(steps_of[k]),
+                "imports_rss_mb": ready[k]["imports_rss_mb"],
+            }
             for k in children
         },
-    }  # fmt: skip
+    }
     result["rates"] = _rates(result)
     return result
 
@@ -432,7 +503,8 @@ def _rates(result: dict) -> dict:
         out[f"{key}_gflops"] = (
             common.median(
                 common.update_flops(
-                    shape, n * s["rows_updated_frac"],
+                    shape,
+                    n * s["rows_updated_frac"],
                     per_row + s["completion_tokens"] / s["completions"],
                 )
                 / s["update_s"]
@@ -440,7 +512,7 @@ def _rates(result: dict) -> dict:
                 if s["rows_updated_frac"] > 0
             )
             / 1e9
-        )  # fmt: skip
+        )
     for k, fw in result["frameworks"].items():
         gen = common.median(
             common.generation_flops(shape, n, p, s["completion_tokens"] / n) / s["generate_s"]
@@ -455,10 +527,17 @@ def _rates(result: dict) -> dict:
 
 def print_tables(results: list[dict]) -> None:
     header = [
-        "setting", "framework", "s/step (median)", "completion tok/s", "generation tok/s",
-        "generate share", "peak RSS MB (after imports)", "greedy acc", "sampled acc",
+        "setting",
+        "framework",
+        "s/step (median)",
+        "completion tok/s",
+        "generation tok/s",
+        "generate share",
+        "peak RSS MB (after imports)",
+        "greedy acc",
+        "sampled acc",
         "train reward",
-    ]  # fmt: skip
+    ]
     rows = []
     for res in results:
         fws = res["frameworks"]
@@ -466,52 +545,66 @@ def print_tables(results: list[dict]) -> None:
             length = f["mean_completion_tokens"] / f["completions_per_step"]
             rows.append(
                 [
-                    f"{res['setting']} ({res['task']}, ~{length:.0f} tok)", display_name(k),
-                    f"{f['median_step_s']:.2f}", f"{f['tokens_per_s']:,.0f}",
+                    f"{res['setting']} ({res['task']}, ~{length:.0f} tok)",
+                    display_name(k),
+                    f"{f['median_step_s']:.2f}",
+                    f"{f['tokens_per_s']:,.0f}",
                     f"{f['generate_tokens_per_s']:,.0f}",
                     f"{f['median_generate_s'] / f['median_step_s']:.0%}",
                     f"{f['peak_rss_mb']:.0f} ({f['imports_rss_mb']:.0f})",
                     f"{f['final']['greedy_acc']:.3f}",
-                    f"{f['final']['sampled_acc']:.3f}", f"{f['mean_train_reward']:.2f}",
+                    f"{f['final']['sampled_acc']:.3f}",
+                    f"{f['mean_train_reward']:.2f}",
                 ]
-            )  # fmt: skip
+            )
         r = fws["rlvr"]
         for k, t in fws.items():
             if k == "rlvr":
                 continue
             rows.append(
                 [
-                    res["setting"], f"**rlvr / {display_name(k)}**",
+                    res["setting"],
+                    f"**rlvr / {display_name(k)}**",
                     f"{r['median_step_s'] / t['median_step_s']:.2f}",
                     f"**{r['tokens_per_s'] / t['tokens_per_s']:.2f}**",
-                    f"{r['generate_tokens_per_s'] / t['generate_tokens_per_s']:.2f}", "",
+                    f"{r['generate_tokens_per_s'] / t['generate_tokens_per_s']:.2f}",
+                    "",
                     f"{r['peak_rss_mb'] / t['peak_rss_mb']:.2f}",
                     f"{r['final']['greedy_acc'] - t['final']['greedy_acc']:+.3f}",
-                    f"{r['final']['sampled_acc'] - t['final']['sampled_acc']:+.3f}", "",
+                    f"{r['final']['sampled_acc'] - t['final']['sampled_acc']:+.3f}",
+                    "",
                 ]
-            )  # fmt: skip
+            )
     print(common.markdown_table(header, rows))
     print()
     trl_keys = [k for k in results[0]["frameworks"] if k != "rlvr"]
     header = [
-        "setting", "params", "base greedy / sampled", "matmul GFLOP/s (2048², 2 thr)",
-        "rlvr update GFLOP/s (arithmetic done)", "rlvr update, model FLOPs (MFU count)",
+        "setting",
+        "params",
+        "base greedy / sampled",
+        "matmul GFLOP/s (2048², 2 thr)",
+        "rlvr update GFLOP/s (arithmetic done)",
+        "rlvr update, model FLOPs (MFU count)",
         "rlvr generation GFLOP/s",
         *[f"{display_name(k)} generation GFLOP/s" for k in trl_keys],
-    ]  # fmt: skip
+    ]
     rows = []
     for res in results:
         q, b = res["rates"], res["base_eval"]
         rows.append(
             [
-                res["setting"], f"{res['shape']['params']:,}",
-                f"{b['greedy_acc']:.3f} / {b['sampled_acc']:.3f}", f"{q['matmul_gflops']:.1f}",
+                res["setting"],
+                f"{res['shape']['params']:,}",
+                f"{b['greedy_acc']:.3f} / {b['sampled_acc']:.3f}",
+                f"{q['matmul_gflops']:.1f}",
                 f"{q['rlvr_update_gflops']:.1f} ({q['rlvr_update_fraction']:.0%})",
                 f"{q['rlvr_update_model_gflops']:.1f} ({q['rlvr_update_model_fraction']:.0%})",
-                *[f"{q[f'{k}_generate_gflops']:.1f} ({q[f'{k}_generate_fraction']:.0%})"
-                  for k in ["rlvr", *trl_keys]],
+                *[
+                    f"{q[f'{k}_generate_gflops']:.1f} ({q[f'{k}_generate_fraction']:.0%})"
+                    for k in ["rlvr", *trl_keys]
+                ],
             ]
-        )  # fmt: skip
+        )
     print(common.markdown_table(header, rows))
 
 
@@ -526,10 +619,14 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=200, help="held-out problems")
     parser.add_argument("--eval-samples", type=int, default=4, help="samples per problem")
     parser.add_argument(
-        "--trl-generation-threads", type=int, nargs="+", default=[0], metavar="N",
+        "--trl-generation-threads",
+        type=int,
+        nargs="+",
+        default=[0],
+        metavar="N",
         help="one TRL run per value: threads in its `generate` (0: torch's default, 2 here, "
         "TRL as it comes; rlvr samples on 1). E.g. `0 1` adds TRL given rlvr's thread policy",
-    )  # fmt: skip
+    )
     parser.add_argument("--quick", action="store_true", help="smoke test: 2 steps, 4 prompts")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)

@@ -102,20 +102,35 @@ def run_setting(name: str, args) -> list[list[str]]:
             torch.set_num_threads(threads)
             t0 = time.perf_counter()
             sample_completions(
-                model, tokenizer, prompts, 8, budget, 1.0, torch.Generator().manual_seed(r),
+                model,
+                tokenizer,
+                prompts,
+                8,
+                budget,
+                1.0,
+                torch.Generator().manual_seed(r),
                 workers=workers,
-            )  # fmt: skip
+            )
             seconds[mode].append(time.perf_counter() - t0)
         torch.set_num_threads(args.threads)
         for mode, switches in updating.items():
             grpo = GRPOConfig(
-                prompts_per_step=args.prompts, group_size=8, max_new_tokens=budget, lr=0.0,
-                monitor_every=0, **switches,
-            )  # fmt: skip
+                prompts_per_step=args.prompts,
+                group_size=8,
+                max_new_tokens=budget,
+                lr=0.0,
+                monitor_every=0,
+                **switches,
+            )
             t = build_trainer(
-                model, tokenizer, itertools.cycle(rows), [reward], grpo, seed=0,
+                model,
+                tokenizer,
+                itertools.cycle(rows),
+                [reward],
+                grpo,
+                seed=0,
                 engine=FixedEngine(fixed),
-            )  # fmt: skip
+            )
             result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
             metrics = result.metrics
             seconds[mode].append(metrics["time/forward_s"] + metrics["time/backward_s"])

@@ -92,15 +92,26 @@ def measure(point: dict, steps: int) -> list[dict]:
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(tiny, tokenizer, seed=0)
     config = GRPOConfig(
-        steps=steps + 1, prompts_per_step=point["prompts"], group_size=point["group"],
-        max_new_tokens=task.max_new_tokens, checkpoint_every=0, monitor_every=0,
-    )  # fmt: skip
+        steps=steps + 1,
+        prompts_per_step=point["prompts"],
+        group_size=point["group"],
+        max_new_tokens=task.max_new_tokens,
+        checkpoint_every=0,
+        monitor_every=0,
+    )
     torch.set_num_threads(2)
     run = RunDirectory(tempfile.mkdtemp(prefix="rlvr-cost-"), "run")
     records = train_grpo(
-        model, tokenizer, task.train_rows(10_000), [coin_flip_reward(0)], config, run,
-        evaluate=lambda m: {}, seed=0, progress=False,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        task.train_rows(10_000),
+        [coin_flip_reward(0)],
+        config,
+        run,
+        evaluate=lambda m: {},
+        seed=0,
+        progress=False,
+    )
     records = [r for r in records if "time/step_s" in r][1:]  # drop the warm-up step
     shape = common.model_shape(model)
     n = point["prompts"] * point["group"]
@@ -113,13 +124,18 @@ def measure(point: dict, steps: int) -> list[dict]:
         gen = gen / r["time/generate_s"] / 1e9
         out.append(
             {
-                "params": shape["params"], "completions": n, "budget": task.max_new_tokens,
-                "completion_len": r["completion/len_mean"], "step_s": r["time/step_s"],
-                "generate_s": r["time/generate_s"], "update_s": r["time/update_s"],
+                "params": shape["params"],
+                "completions": n,
+                "budget": task.max_new_tokens,
+                "completion_len": r["completion/len_mean"],
+                "step_s": r["time/step_s"],
+                "generate_s": r["time/generate_s"],
+                "update_s": r["time/update_s"],
                 "tokens_per_s": r["completion/len_mean"] * n / r["time/step_s"],
-                "update_gflops": update, "generate_gflops": gen,
+                "update_gflops": update,
+                "generate_gflops": gen,
             }
-        )  # fmt: skip
+        )
     return out
 
 
@@ -160,31 +176,52 @@ def run(axes: dict[str, list], steps: int, passes: int) -> dict:
         for axis, values in axes.items()
     }
     return {
-        "matmul_gflops": ceiling, "matmul_median": common.median(ceiling), "steps": steps,
-        "passes": passes, "axes": results,
-    }  # fmt: skip
+        "matmul_gflops": ceiling,
+        "matmul_median": common.median(ceiling),
+        "steps": steps,
+        "passes": passes,
+        "axes": results,
+    }
 
 
 def table(result: dict) -> str:
     header = [
-        "varied", "value", "params", "B x G", "mean completion tokens", "s/step", "generate s",
-        "update s", "other s", "generate share", "completion tok/s", "matmul GFLOP/s",
-        "update GFLOP/s (of matmul)", "generation GFLOP/s (of matmul)",
-    ]  # fmt: skip
+        "varied",
+        "value",
+        "params",
+        "B x G",
+        "mean completion tokens",
+        "s/step",
+        "generate s",
+        "update s",
+        "other s",
+        "generate share",
+        "completion tok/s",
+        "matmul GFLOP/s",
+        "update GFLOP/s (of matmul)",
+        "generation GFLOP/s (of matmul)",
+    ]
     rows = []
     for axis, points in result["axes"].items():
         for p in points:
             rows.append(
                 [
-                    AXES[axis][0], p[axis], f"{p['params'] / 1e6:.2f} M",
-                    f"{p['prompts']} x {p['group']}", f"{p['completion_len']:.0f}",
-                    f"{p['step_s']:.2f}", f"{p['generate_s']:.2f}", f"{p['update_s']:.2f}",
-                    f"{p['other_s']:.2f}", f"{p['generate_s'] / p['step_s']:.0%}",
-                    f"{p['tokens_per_s']:,.0f}", f"{p['matmul_gflops']:.0f}",
+                    AXES[axis][0],
+                    p[axis],
+                    f"{p['params'] / 1e6:.2f} M",
+                    f"{p['prompts']} x {p['group']}",
+                    f"{p['completion_len']:.0f}",
+                    f"{p['step_s']:.2f}",
+                    f"{p['generate_s']:.2f}",
+                    f"{p['update_s']:.2f}",
+                    f"{p['other_s']:.2f}",
+                    f"{p['generate_s'] / p['step_s']:.0%}",
+                    f"{p['tokens_per_s']:,.0f}",
+                    f"{p['matmul_gflops']:.0f}",
                     f"{p['update_gflops']:.1f} ({p['update_fraction']:.0%})",
                     f"{p['generate_gflops']:.1f} ({p['generate_fraction']:.0%})",
                 ]
-            )  # fmt: skip
+            )
     return common.markdown_table(header, rows)
 
 
@@ -195,8 +232,11 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axs = plt.subplots(1, 4, figsize=(16, 4.2))
-    parts = [("generate_s", "generate", "#4c72b0"), ("update_s", "update", "#dd8452"),
-             ("other_s", "other", "#8c8c8c")]  # fmt: skip
+    parts = [
+        ("generate_s", "generate", "#4c72b0"),
+        ("update_s", "update", "#dd8452"),
+        ("other_s", "other", "#8c8c8c"),
+    ]
     for ax, (axis, points) in zip(axs, result["axes"].items()):
         labels = [_tick(axis, p) for p in points]
         bottom = [0.0] * len(points)

@@ -26,12 +26,16 @@ SIZES = {
     "57M": {"hidden_size": 768, "num_layers": 8, "num_heads": 12, "intermediate_size": 3072},
 }
 SETUPS = {
-    "PPO (policy, critic, reference)": {"advantage_estimator": "gae", "beta": 0.01,
-                                        "kl_in_reward": True, "kl_estimator": "k1"},
+    "PPO (policy, critic, reference)": {
+        "advantage_estimator": "gae",
+        "beta": 0.01,
+        "kl_in_reward": True,
+        "kl_estimator": "k1",
+    },
     "GRPO, beta > 0 (policy, reference)": {"beta": 0.04},
     "GRPO, beta = 0 (policy only)": {"beta": 0.0},
     "GRPO, beta = 0, one worker thread": {"beta": 0.0, "cpu_workers": 1},
-}  # fmt: skip
+}
 
 
 def rss_mb() -> float:
@@ -89,8 +93,10 @@ def main() -> None:
         for setup in SETUPS:
             out = subprocess.run(
                 [sys.executable, __file__, "--child", size, setup],
-                check=True, capture_output=True, text=True,
-            )  # fmt: skip
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[setup] = r["peak_mb"] - r["baseline_mb"]
         ppo = results[next(iter(SETUPS))]

@@ -110,9 +110,14 @@ def evaluate(model, tokenizer, rows, budget, samples, steps=None) -> dict[str, f
     out = {}
     for name, temperature, n in (("greedy", 0.0, 1), ("sampled", 1.0, samples)):
         batch = sample_completions(
-            model, tokenizer, [r["prompt"] for r in rows], n, budget, temperature,
+            model,
+            tokenizer,
+            [r["prompt"] for r in rows],
+            n,
+            budget,
+            temperature,
             torch.Generator().manual_seed(1),
-        )  # fmt: skip
+        )
         repeated = [r for r in rows for _ in range(n)]
         scores = [reasoning.score(c, r["answer"]) for c, r in zip(batch.completions, repeated)]
         out[f"{name}_acc"] = sum(scores) / len(scores)
@@ -133,9 +138,11 @@ def evaluate(model, tokenizer, rows, budget, samples, steps=None) -> dict[str, f
 def budget_curve(model, tokenizer, rows, spec, budgets, digits, steps=None):
     """The greedy thinking-budget curve; with `steps`, computed per number of needed steps
     (returned as {k: curve}) and combined by weight into the overall curve."""
-    groups = {None: rows} if steps is None else {
-        k: [r for r, j in zip(rows, steps) if j == k] for k in sorted(set(steps))
-    }  # fmt: skip
+    groups = (
+        {None: rows}
+        if steps is None
+        else {k: [r for r, j in zip(rows, steps) if j == k] for k in sorted(set(steps))}
+    )
     curves = {
         k: thinking_budget_curve(
             model, tokenizer, group, spec.score, budgets, max_answer_tokens=digits + 2
@@ -190,9 +197,13 @@ def main(args: Args) -> None:
         )
     if args.data == "fused":
         report["mode_check"] = think_mode_check(
-            model, tokenizer, reasoning.rows(problems), spec.score, spec.max_new_tokens,
+            model,
+            tokenizer,
+            reasoning.rows(problems),
+            spec.score,
+            spec.max_new_tokens,
             modes=("default", "think", "no_think"),
-        )  # fmt: skip
+        )
     print(json.dumps(report, indent=1))
     if args.curve:
         budgets = [None if b < 0 else b for b in args.budgets]

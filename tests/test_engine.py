@@ -21,9 +21,13 @@ def test_hf_engine_output_matches_a_plain_forward_pass():
     assert batch.completion_ids.shape[0] == 8 and batch.group_ids.tolist() == [0] * 4 + [1] * 4
     with torch.no_grad():
         logp = completion_logprobs(
-            model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-            batch.completion_mask, temperature=0.9,
-        )  # fmt: skip
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            temperature=0.9,
+        )
     torch.testing.assert_close(logp * batch.completion_mask, batch.logprobs, atol=1e-5, rtol=1e-5)
     # the ids decode to the texts, and the masks cover exactly the generated tokens
     for row, text, n in zip(batch.completion_ids, batch.completions, batch.lengths.long()):
@@ -60,9 +64,13 @@ def test_vllm_engine_matches_a_plain_forward_pass(tmp_path):
     batch = engine.generate(["12+34=", "5+6="], 4, 8, temperature=1.0)
     with torch.no_grad():
         logp = completion_logprobs(
-            model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-            batch.completion_mask, temperature=1.0,
-        )  # fmt: skip
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            temperature=1.0,
+        )
     torch.testing.assert_close(logp * batch.completion_mask, batch.logprobs, atol=1e-3, rtol=1e-3)
 
 

@@ -28,28 +28,49 @@ def test_grpo_raises_held_out_accuracy(tmp_path):
         seed=0,
     )
     train_next_token(
-        model, tokenizer, arithmetic.task_spec(task).corpus(0, 0.8),
-        steps=BASE_STEPS, batch_size=16, lr=2e-3, progress=False,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        arithmetic.task_spec(task).corpus(0, 0.8),
+        steps=BASE_STEPS,
+        batch_size=16,
+        lr=2e-3,
+        progress=False,
+    )
     held_out = arithmetic.rows(arithmetic.held_out_problems(task))
 
     def accuracy(m, temperature):
         return held_out_accuracy(
-            m, tokenizer, held_out, arithmetic.task_spec(task).score, max_new_tokens=30,
+            m,
+            tokenizer,
+            held_out,
+            arithmetic.task_spec(task).score,
+            max_new_tokens=30,
             temperature=temperature,
-            num_samples=1 if temperature == 0 else 4, seed=1,
-        )  # fmt: skip
+            num_samples=1 if temperature == 0 else 4,
+            seed=1,
+        )
 
     before, before_sampled = accuracy(model, 0.0), accuracy(model, 1.0)
     config = GRPOConfig(
-        steps=GRPO_STEPS, prompts_per_step=16, group_size=8, max_new_tokens=30, lr=1e-4,
+        steps=GRPO_STEPS,
+        prompts_per_step=16,
+        group_size=8,
+        max_new_tokens=30,
+        lr=1e-4,
         eval_every=1000,
-    )  # fmt: skip
+    )
     rows = ({"prompt": p.prompt, "answer": p.answer} for p in arithmetic.train_problems(task, 99))
     records = train_grpo(
-        model, tokenizer, rows, [math_reward], config, RunDirectory(tmp_path, "learn"),
-        evaluate=lambda m: {}, seed=0, progress=False,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        rows,
+        [math_reward],
+        config,
+        RunDirectory(tmp_path, "learn"),
+        evaluate=lambda m: {},
+        seed=0,
+        progress=False,
+    )
     after, after_sampled = accuracy(model, 0.0), accuracy(model, 1.0)
     rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
     early, late = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5

@@ -23,8 +23,16 @@ VOLATILE = ("time/", "throughput/")  # wall-clock measurements differ between ru
 
 
 def lab_args(tmp_path: Path, name: str) -> list[str]:
-    return ["lab", "--runs-dir", str(tmp_path / "runs"), "--cache-dir", str(tmp_path / "cache"),
-            "--run-name", name, *ARGS]  # fmt: skip
+    return [
+        "lab",
+        "--runs-dir",
+        str(tmp_path / "runs"),
+        "--cache-dir",
+        str(tmp_path / "cache"),
+        "--run-name",
+        name,
+        *ARGS,
+    ]
 
 
 def stable(records: list[dict]) -> list[dict]:

@@ -36,9 +36,12 @@ def test_a_crashing_or_malformed_verifier_scores_zero_and_is_counted():
 
     columns = {"answer": ["12", "13"]}
     rewards, metrics = total_rewards(
-        [exact, crashing, wrong_length, not_finite], [1, 1, 1, 1], ["p", "p"], ["12", "x"],
+        [exact, crashing, wrong_length, not_finite],
+        [1, 1, 1, 1],
+        ["p", "p"],
+        ["12", "x"],
         columns,
-    )  # fmt: skip
+    )
     # exact gives [1, 0]; crashing and wrong_length give 0s; not_finite gives [0 (nan), 1]
     torch.testing.assert_close(rewards, torch.tensor([1.0, 1.0]))
     assert metrics["reward/errors"] == 2 + 2 + 1
@@ -49,9 +52,12 @@ def test_verdicts_are_counted_by_reason_per_call():
 
     score("#### 3", "3")  # a verdict from outside the call (e.g. evaluation) is not counted
     _, metrics = total_rewards(
-        [math_reward], [1.0], ["p"] * 3, ["#### 15", "#### 15 or 16", "no answer"],
+        [math_reward],
+        [1.0],
+        ["p"] * 3,
+        ["#### 15", "#### 15 or 16", "no answer"],
         {"answer": ["15", "15", "15"]},
-    )  # fmt: skip
+    )
     assert metrics["verifier/math_reward/correct"] == 1.0
     assert metrics["verifier/math_reward/hedged"] == 1.0
     assert metrics["verifier/math_reward/no_answer"] == 1.0

@@ -86,9 +86,15 @@ def test_prefill_runs_once_per_prompt_and_finished_rows_leave_the_batch():
     assert model.calls == [4, 6, 4, 2]
     model.calls.clear()
     sample_completions(
-        model, TOKENIZER, ["a", "b", "c", "d"], 2, 4, temperature=0, drop_finished=False,
+        model,
+        TOKENIZER,
+        ["a", "b", "c", "d"],
+        2,
+        4,
+        temperature=0,
+        drop_finished=False,
         share_prompt_cache=False,
-    )  # fmt: skip
+    )
     assert model.calls == [8, 8, 8, 8]  # every row decodes until the longest ends
 
 
@@ -131,9 +137,16 @@ def test_row_dropping_prompt_sharing_and_cache_preallocation_do_not_change_greed
     outputs = []
     for drop, share, preallocate in itertools.product((True, False), repeat=3):
         batch = sample_completions(
-            model, TOKENIZER, prompts, 2, 16, temperature=0, drop_finished=drop,
-            share_prompt_cache=share, preallocate_cache=preallocate,
-        )  # fmt: skip
+            model,
+            TOKENIZER,
+            prompts,
+            2,
+            16,
+            temperature=0,
+            drop_finished=drop,
+            share_prompt_cache=share,
+            preallocate_cache=preallocate,
+        )
         outputs.append(batch)
     lengths = set(outputs[0].lengths.tolist())
     assert len(lengths) >= 3 and 16 in lengths  # early ends and a truncation
@@ -152,9 +165,13 @@ def test_sampling_logprobs_match_a_full_forward_pass():
     )
     with torch.no_grad():
         logp = completion_logprobs(
-            model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids,
-            batch.completion_mask, temperature=0.7,
-        )  # fmt: skip
+            model,
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.completion_ids,
+            batch.completion_mask,
+            temperature=0.7,
+        )
     mask = batch.completion_mask
     assert len(set(batch.lengths.tolist())) >= 2
     torch.testing.assert_close(logp * mask, batch.logprobs, atol=1e-5, rtol=1e-5)
@@ -194,9 +211,13 @@ def test_sampling_in_worker_threads_matches_one_thread():
     assert model.training == tiny.training  # the mode is restored after the threads
     with torch.no_grad():
         logp = completion_logprobs(
-            model, first.prompt_ids, first.prompt_mask, first.completion_ids,
-            first.completion_mask, temperature=0.7,
-        )  # fmt: skip
+            model,
+            first.prompt_ids,
+            first.prompt_mask,
+            first.completion_ids,
+            first.completion_mask,
+            temperature=0.7,
+        )
     torch.testing.assert_close(logp * first.completion_mask, first.logprobs, atol=1e-5, rtol=1e-5)
 
 
@@ -205,9 +226,14 @@ def test_shared_prompt_logprobs_and_gradients_equal_per_row_prompts():
     padding), groups in any row order, a row left out of its group."""
     model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), TOKENIZER, seed=2)
     batch = sample_completions(
-        EosBias(model, 1.5), TOKENIZER, ["357+468=", "1+2=", "99-5="], 3, 10, 1.0,
+        EosBias(model, 1.5),
+        TOKENIZER,
+        ["357+468=", "1+2=", "99-5="],
+        3,
+        10,
+        1.0,
         torch.Generator().manual_seed(0),
-    )  # fmt: skip
+    )
     rows = torch.tensor([4, 0, 8, 1, 3, 6, 7])  # group 1 then 0 then 2; rows 2 and 5 left out
     assert len(set(batch.lengths[rows].tolist())) >= 2
     cols = [t[rows] for t in (batch.prompt_ids, batch.prompt_mask, batch.completion_ids)]

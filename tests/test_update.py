@@ -81,9 +81,13 @@ def _length_reward(prompts, completions, **_):
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_micro_batched_update_equals_one_pass(aggregation):
     base = GRPOConfig(
-        prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2, aggregation=aggregation,
+        prompts_per_step=4,
+        group_size=4,
+        max_new_tokens=12,
+        lr=1e-2,
+        aggregation=aggregation,
         beta=0.05,
-    )  # fmt: skip
+    )
     whole, m_whole = _one_step(base)
     split, m_split = _one_step(dataclasses.replace(base, micro_batch_tokens=40))
     assert m_whole["update/micro_batches"] == 1 and m_split["update/micro_batches"] > 2
@@ -134,9 +138,14 @@ def test_update_plan_shares_prompts_only_when_that_runs_fewer_tokens():
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_update_with_shared_prompt_forward_equals_per_row_prompts(aggregation):
     base = GRPOConfig(
-        prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2, aggregation=aggregation,
-        share_prompt_forward=False, beta=0.05,
-    )  # fmt: skip
+        prompts_per_step=4,
+        group_size=4,
+        max_new_tokens=12,
+        lr=1e-2,
+        aggregation=aggregation,
+        share_prompt_forward=False,
+        beta=0.05,
+    )
     rows, m_rows = _one_step(base)
     shared, m_shared = _one_step(
         dataclasses.replace(base, share_prompt_forward=True, micro_batch_tokens=80)
@@ -226,9 +235,14 @@ def test_rows_of_zero_variance_groups_are_skipped_without_changing_the_gradient(
     cols = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
     logp = completion_logprobs(initial, *cols, 1.0)
     loss, _ = algo.policy_loss(
-        logp, batch.logprobs, advantages, batch.completion_mask, epsilon_low=0.2,
-        epsilon_high=0.2, aggregation="token-mean",
-    )  # fmt: skip
+        logp,
+        batch.logprobs,
+        advantages,
+        batch.completion_mask,
+        epsilon_low=0.2,
+        epsilon_high=0.2,
+        aggregation="token-mean",
+    )
     loss.backward()
     torch.nn.utils.clip_grad_norm_(initial.parameters(), 1.0)
     assert metrics["loss"] == pytest.approx(loss.item(), abs=1e-6)

@@ -55,9 +55,15 @@ class HFEngine:
         generator: torch.Generator | None = None,
     ) -> RolloutBatch:
         return sample_completions(
-            self.model, self.tokenizer, prompts, num_samples, max_new_tokens, temperature,
-            generator, workers=self.workers,
-        )  # fmt: skip
+            self.model,
+            self.tokenizer,
+            prompts,
+            num_samples,
+            max_new_tokens,
+            temperature,
+            generator,
+            workers=self.workers,
+        )
 
     def sync_weights(self, policy: torch.nn.Module) -> None:
         if policy is not self.model:  # a separate sampling copy (e.g. on another device)

@@ -86,9 +86,17 @@ def sample_completions(
 
         def sample_shard(shard: list[str], shard_generator: torch.Generator) -> RolloutBatch:
             return sample_completions(
-                model, tokenizer, shard, num_samples, max_new_tokens, temperature,
-                shard_generator, drop_finished, share_prompt_cache, preallocate_cache,
-            )  # fmt: skip
+                model,
+                tokenizer,
+                shard,
+                num_samples,
+                max_new_tokens,
+                temperature,
+                shard_generator,
+                drop_finished,
+                share_prompt_cache,
+                preallocate_cache,
+            )
 
         return _sample_in_shards(
             sample_shard, model, tokenizer.pad_token_id, prompts, generator, workers
@@ -160,9 +168,13 @@ def sample_completions(
     model.train(was_training)
 
     return rollout_batch(
-        tokenizer, prompt_ids, prompt_mask, completion_ids[:, :steps],
-        sampled_logprobs[:, :steps], num_samples,
-    )  # fmt: skip
+        tokenizer,
+        prompt_ids,
+        prompt_mask,
+        completion_ids[:, :steps],
+        sampled_logprobs[:, :steps],
+        num_samples,
+    )
 
 
 def _sample_in_shards(
