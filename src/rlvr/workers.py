@@ -4,12 +4,9 @@ torch releases the GIL inside its operators, so W Python threads, each running i
 forward passes on one intra-op thread, keep W cores busy. For a model this small that beats
 splitting every operator across the cores (torch's intra-op threads): its matrices are too
 small for a split to pay off, and a worker's activations stay in its core's cache.
-`python benchmarks/bench_workers.py` compares them side by side (2 cores, 1.25 M parameters,
-128 rows): sampling 1.13x (lab, ~37 tokens) and 1.37x (~126 tokens) the speed of two
-intra-op threads; the update's forward and backward 1.23x and 1.43x the speed of one pass on
-two intra-op threads (both with a prompt per row). The price is memory: two micro-batches'
-activations and two copies of the gradients at once (nothing at 1.25 M parameters, 885 MB at
-57 M: `benchmarks/memory.py`). On a GPU there is one worker: the device is already parallel.
+`python benchmarks/bench_workers.py` compares them side by side (its latest numbers are in the
+README). The price is memory: two micro-batches' activations and two copies of the gradients at
+once (`benchmarks/memory.py`). On a GPU there is one worker: the device is already parallel.
 """
 
 from __future__ import annotations
