@@ -44,7 +44,7 @@ class FixedEngine:
     def generate(self, *args, **kwargs):
         return self.batch
 
-    def sync_weights(self, policy) -> None:
+    def load_weights(self, state_dict) -> None:
         pass
 
 

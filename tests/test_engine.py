@@ -37,9 +37,19 @@ def test_hf_engine_output_matches_a_plain_forward_pass():
 def test_hf_engine_sync_copies_weights_into_a_separate_sampler():
     policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1), TOKENIZER, seed=0)
     sampler = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1), TOKENIZER, seed=1)
-    HFEngine(sampler, TOKENIZER).sync_weights(policy)
+    HFEngine(sampler, TOKENIZER).load_weights(policy.state_dict())
     for a, b in zip(policy.parameters(), sampler.parameters()):
         assert torch.equal(a, b)
+
+
+def test_hf_engine_sampling_with_the_policy_itself_copies_nothing(monkeypatch):
+    policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=1), TOKENIZER, seed=0)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the policy's own weights were copied into itself")
+
+    monkeypatch.setattr(policy, "load_state_dict", refuse)
+    HFEngine(policy, TOKENIZER).load_weights(policy.state_dict())
 
 
 def test_batch_from_token_lists_masks_end_at_eos_or_at_the_row_length():

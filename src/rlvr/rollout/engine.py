@@ -1,16 +1,17 @@
 """Where rollouts come from: one small interface, the in-process engine, and vLLM's.
 
 The training loop only ever calls `engine.generate(...)` before a step and
-`engine.sync_weights(policy)` after an update. Anything that can do those two things can serve
-rollouts: the in-process Hugging Face/torch sampler (the default, `HFEngine`), vLLM on a GPU
-(`VLLMEngine`), or later a proxy to workers in other processes or machines. Prompts go in as
-strings and a `RolloutBatch` of plain tensors comes back (built by `rollout_batch`), so a remote
-engine only has to ship token ids and log-probs.
+`engine.load_weights(state_dict)` after an update: weights cross as a state dict. Anything
+that can do those two things can serve rollouts: the in-process Hugging Face/torch sampler
+(the default, `HFEngine`), vLLM on a GPU (`VLLMEngine`), or later a proxy to workers in other
+processes or machines. Prompts go in as strings and a `RolloutBatch` of plain tensors comes
+back (built by `rollout_batch`), so a remote engine only has to ship token ids and log-probs.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -33,8 +34,8 @@ class RolloutEngine(Protocol):
         """`num_samples` completions per prompt, group-major, with sampling log-probs."""
         ...
 
-    def sync_weights(self, policy: torch.nn.Module) -> None:
-        """Make the next `generate` sample from `policy`'s current weights."""
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Make the next `generate` sample from these weights (the policy's state dict)."""
         ...
 
 
@@ -65,9 +66,13 @@ class HFEngine:
             workers=self.workers,
         )
 
-    def sync_weights(self, policy: torch.nn.Module) -> None:
-        if policy is not self.model:  # a separate sampling copy (e.g. on another device)
-            self.model.load_state_dict(policy.state_dict())
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Copy the weights in, unless they are this model's own tensors (the engine samples
+        with the policy module itself: nothing to do)."""
+        own = self.model.state_dict()
+        if all(own[k].data_ptr() == v.data_ptr() for k, v in state_dict.items() if k in own):
+            return
+        self.model.load_state_dict(state_dict)
 
 
 def vllm_available() -> bool:
@@ -85,7 +90,7 @@ class VLLMEngine:
     """Rollouts from vLLM in this process, sharing the GPU with the trainer ("colocate").
 
     Log-probs are requested after temperature scaling (`logprobs_mode="processed_logprobs"`),
-    the distribution the loss compares against. `sync_weights` loads the policy's state dict
+    the distribution the loss compares against. `load_weights` loads the policy's state dict
     into vLLM's model after every update. vLLM's RNG is its own: runs are seeded through
     `seed`, not through the loop's generator. Needs vLLM and a GPU; untested on the CPU-only
     machines this project is developed on (its test skips there).
@@ -150,11 +155,11 @@ class VLLMEngine:
                 )
         return batch_from_token_lists(self.tokenizer, prompts, num_samples, rows, logps)
 
-    def sync_weights(self, policy: torch.nn.Module) -> None:
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         executor = self.llm.llm_engine.model_executor
         worker = executor.driver_worker
         runner = getattr(worker, "worker", worker).model_runner  # vLLM V1 wraps the worker
-        runner.model.load_weights(policy.state_dict().items())
+        runner.model.load_weights(state_dict.items())
         self.llm.reset_prefix_cache()  # cached prompt blocks hold the old weights' keys
 
 

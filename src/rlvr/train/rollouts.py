@@ -23,8 +23,8 @@ from rlvr.train.config import SamplingPlan
 from rlvr.workers import torch_threads
 
 
-class HasPolicy(Protocol):
-    policy: torch.nn.Module
+class HasWeights(Protocol):
+    def state_dict(self) -> dict[str, torch.Tensor]: ...
 
 
 class Rollout:
@@ -103,10 +103,10 @@ class Rollout:
             )
         return batch, rewards, metrics
 
-    def sync(self, learner: HasPolicy) -> None:
-        """Make the next `collect` sample from the learner's current weights (nothing to do
-        when the engine samples with the policy module itself)."""
-        self.engine.sync_weights(learner.policy)
+    def sync(self, learner: HasWeights) -> None:
+        """Make the next `collect` sample from the learner's current weights, handed over as a
+        state dict (the in-process engine sees its own tensors and does nothing)."""
+        self.engine.load_weights(learner.state_dict())
 
 
 def _first_groups(
