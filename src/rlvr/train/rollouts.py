@@ -93,7 +93,7 @@ class Rollout:
             )
         batch.rows = rows  # engines number a call's prompts 0..B-1: row_index indexes rows
         with timer("verify"):
-            per_completion = [batch.row_of(i) for i in range(len(batch.completions))]
+            per_completion = [rows[i] for i in batch.row_index.tolist()]
             rewards, metrics = total_rewards(
                 self.reward_fns,
                 self.reward_weights,
