@@ -7,19 +7,42 @@ import pytest
 
 from rlvr.cli import main
 from rlvr.models.tiny import TinyModelConfig
-from rlvr.pipelines.lab import BaseConfig, LabConfig, base_model_key, build_base_model, build_task
+from rlvr.pipelines.base_model import BaseConfig
+from rlvr.pipelines.lab import LabConfig, build_base_model, lab_base_dir, lab_task
 from rlvr.report.run_dir import read_jsonl
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 
 TINY = [
-    "--arithmetic.digits", "2", "--arithmetic.held-out-size", "16",
-    "--tiny.hidden-size", "32", "--tiny.num-layers", "1", "--tiny.num-heads", "2",
-    "--tiny.intermediate-size", "64",
-    "--base.steps", "4", "--base.batch-size", "8",
-    "--grpo.steps", "3", "--grpo.prompts-per-step", "2", "--grpo.group-size", "4",
-    "--grpo.eval-every", "4", "--grpo.max-new-tokens", "30",
-    "--eval-samples", "1", "--no-progress",
-]  # fmt: skip
+    "--arithmetic.digits",
+    "2",
+    "--arithmetic.held-out-size",
+    "16",
+    "--tiny.hidden-size",
+    "32",
+    "--tiny.num-layers",
+    "1",
+    "--tiny.num-heads",
+    "2",
+    "--tiny.intermediate-size",
+    "64",
+    "--base.steps",
+    "4",
+    "--base.batch-size",
+    "8",
+    "--grpo.steps",
+    "3",
+    "--grpo.prompts-per-step",
+    "2",
+    "--grpo.group-size",
+    "4",
+    "--grpo.eval-every",
+    "4",
+    "--grpo.max-new-tokens",
+    "30",
+    "--eval-samples",
+    "1",
+    "--no-progress",
+]
 
 
 def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
@@ -27,17 +50,31 @@ def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
     args = ["lab", "--runs-dir", str(runs), "--cache-dir", str(cache), "--run-name", "smoke"]
     main(args + TINY)
     run = runs / "smoke"
-    for name in ("config.yaml", "metrics.jsonl", "samples.jsonl", "reward_curve.png",
-                 "summary.json", "model/config.json"):  # fmt: skip
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "reward_curve.png",
+        "summary.json",
+        "model/config.json",
+    ):
         assert (run / name).exists(), name
 
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1, 2, 3]
     # evaluated before the start, at powers of two below eval_every, at multiples, at the end
     assert [m["step"] for m in metrics if "eval/greedy_acc" in m] == [0, 1, 2, 3]
-    for key in ("reward/mean", "reward/std", "frac_zero_std_groups", "completion/len_mean",
-                "policy/clip_frac", "policy/approx_kl", "time/generate_s", "time/verify_s",
-                "time/update_s"):  # fmt: skip
+    for key in (
+        "reward/mean",
+        "reward/std",
+        "frac_zero_std_groups",
+        "completion/len_mean",
+        "policy/clip_frac",
+        "policy/approx_kl",
+        "time/generate_s",
+        "time/verify_s",
+        "time/update_s",
+    ):
         assert key in metrics[1], key
     samples = read_jsonl(run / "samples.jsonl")
     assert len(samples) == 3 * 4 and {"prompt", "completion", "reward"} <= set(samples[0])
@@ -51,20 +88,32 @@ def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
 
     # the trained model evaluates from its directory
     capsys.readouterr()
-    main(["eval", "--model", str(run / "model"), "--arithmetic.digits", "2",
-          "--arithmetic.held-out-size", "16", "--max-new-tokens", "30"])  # fmt: skip
+    main(
+        [
+            "eval",
+            "--model",
+            str(run / "model"),
+            "--arithmetic.digits",
+            "2",
+            "--arithmetic.held-out-size",
+            "16",
+            "--max-new-tokens",
+            "30",
+        ]
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["problems"] == 16 and 0 <= result["accuracy"] <= 1
 
 
 def test_base_model_is_cached_by_config_hash(tmp_path):
     config = LabConfig(
-        cache_dir=str(tmp_path), progress=False,
+        cache_dir=str(tmp_path),
+        progress=False,
         arithmetic=ArithmeticTaskConfig(digits=1, held_out_size=5),
         tiny=TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
         base=BaseConfig(steps=2, batch_size=4),
-    )  # fmt: skip
-    task = build_task(config)
+    )
+    task = lab_task(config)
     first, cached_first = build_base_model(config, task)
     second, cached_second = build_base_model(config, task)
     assert (first, cached_first, cached_second) == (second, False, True)
@@ -73,7 +122,8 @@ def test_base_model_is_cached_by_config_hash(tmp_path):
     assert other != first and not cached_other
     # the weak-verifier demo's base hedges, so it is a different base
     weak = dataclasses.replace(config, verifier="weak")
-    assert base_model_key(weak) != base_model_key(config)
+    assert lab_base_dir(weak) != lab_base_dir(config)
+    assert lab_base_dir(config) == first
 
 
 def test_verify_command_explains_its_grade(capsys):
@@ -94,19 +144,59 @@ def test_eval_schedule_is_dense_early():
     from rlvr.train.grpo import is_eval_step
 
     assert [s for s in range(1, 101) if is_eval_step(s, 20, 100)] == [
-        1, 2, 4, 8, 16, 20, 40, 60, 80, 100,
-    ]  # fmt: skip
+        1,
+        2,
+        4,
+        8,
+        16,
+        20,
+        40,
+        60,
+        80,
+        100,
+    ]
     assert [s for s in range(1, 8) if is_eval_step(s, 3, 7)] == [1, 2, 3, 6, 7]
 
 
 @pytest.mark.parametrize("task", ["code", "tool"])
 def test_code_and_tool_tasks_train_end_to_end(task, tmp_path):
-    small = ["--tiny.hidden-size", "32", "--tiny.num-layers", "1", "--tiny.num-heads", "2",
-             "--tiny.intermediate-size", "64", "--base.steps", "3", "--base.batch-size", "4",
-             "--grpo.steps", "2", "--grpo.prompts-per-step", "2", "--grpo.group-size", "2",
-             "--eval-samples", "1", "--no-progress"]  # fmt: skip
-    main(["train", "--task", task, "--runs-dir", str(tmp_path), "--cache-dir",
-          str(tmp_path / "cache"), "--run-name", task, *small])  # fmt: skip
+    small = [
+        "--tiny.hidden-size",
+        "32",
+        "--tiny.num-layers",
+        "1",
+        "--tiny.num-heads",
+        "2",
+        "--tiny.intermediate-size",
+        "64",
+        "--base.steps",
+        "3",
+        "--base.batch-size",
+        "4",
+        "--grpo.steps",
+        "2",
+        "--grpo.prompts-per-step",
+        "2",
+        "--grpo.group-size",
+        "2",
+        "--eval-samples",
+        "1",
+        "--no-progress",
+    ]
+    main(
+        [
+            "train",
+            "--task",
+            task,
+            "--runs-dir",
+            str(tmp_path),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--run-name",
+            task,
+            *small,
+        ]
+    )
     metrics = read_jsonl(tmp_path / task / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [0, 1, 2]
     assert 0 <= metrics[1][f"reward/{task}_task_reward"] <= 1

@@ -15,15 +15,32 @@ SPEC = {
     "eval_modes": ["default", "no_think"],
     "stages": [
         {"name": "base", "kind": "base", "steps": 3, "batch_size": 4},
-        {"name": "cold", "kind": "sft", "data": ["readable:8", "no_think:4"], "steps": 2,
-         "batch_size": 4},
-        {"name": "rl", "kind": "grpo", "steps": 1, "prompts_per_step": 2, "group_size": 2,
-         "consistency_weight": 0.5, "modes": ["think", "no_think"]},
-        {"name": "samples", "kind": "sample", "prompts": 4, "num_samples": 2,
-         "readable_only": False},
+        {
+            "name": "cold",
+            "kind": "sft",
+            "data": ["readable:8", "no_think:4"],
+            "steps": 2,
+            "batch_size": 4,
+        },
+        {
+            "name": "rl",
+            "kind": "grpo",
+            "steps": 1,
+            "prompts_per_step": 2,
+            "group_size": 2,
+            "consistency_weight": 0.5,
+            "modes": ["think", "no_think"],
+        },
+        {
+            "name": "samples",
+            "kind": "sample",
+            "prompts": 4,
+            "num_samples": 2,
+            "readable_only": False,
+        },
         {"name": "budget", "kind": "thinking_budget", "budgets": [0, 4]},
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(autouse=True)

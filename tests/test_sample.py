@@ -9,14 +9,14 @@ import torch
 from rlvr.cli import main
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.report.run_dir import read_jsonl
-from rlvr.rollout.rejection import (
+from rlvr.rollout.sampler import sample_completions
+from rlvr.tasks.jsonl import JSONLError
+from rlvr.train.rejection import (
     STAGES,
     RejectionConfig,
     normalize_whitespace,
     rejection_sample,
 )
-from rlvr.rollout.sampler import sample_completions
-from rlvr.tasks.jsonl import JSONLError
 from rlvr.train.sft import shuffled_epochs, train_next_token
 from rlvr.verifiers.math import math_reward, score
 
@@ -34,8 +34,16 @@ def model_and_tokenizer():
     tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
     model = build_tiny_model(tiny, tok, seed=0)
     pairs = [(p, c) for p in PROMPTS for c in COMPLETIONS]
-    train_next_token(model, tok, shuffled_epochs(pairs, 0), steps=40, batch_size=10, lr=1e-2,
-                     warmup_steps=2, progress=False)  # fmt: skip
+    train_next_token(
+        model,
+        tok,
+        shuffled_epochs(pairs, 0),
+        steps=40,
+        batch_size=10,
+        lr=1e-2,
+        warmup_steps=2,
+        progress=False,
+    )
     return model, tok
 
 
@@ -52,8 +60,9 @@ def test_normalize_whitespace(text, key):
 
 def test_keeps_only_verified_distinct_completions_up_to_the_cap(model_and_tokenizer):
     model, tok = model_and_tokenizer
-    config = RejectionConfig(num_samples=8, max_new_tokens=10, max_per_prompt=1,
-                             prompts_per_call=2, progress=False)  # fmt: skip
+    config = RejectionConfig(
+        num_samples=8, max_new_tokens=10, max_per_prompt=1, prompts_per_call=2, progress=False
+    )
     kept, summary = rejection_sample(model, tok, ROWS, math_reward, config)
     print(summary)
 
@@ -80,8 +89,9 @@ def test_keeps_only_verified_distinct_completions_up_to_the_cap(model_and_tokeni
     expected = []
     for start in (0, 2, 4):
         chunk = ROWS[start : start + 2]
-        batch = sample_completions(model, tok, [r["prompt"] for r in chunk], 8, 10, 1.0,
-                                   generator=generator)  # fmt: skip
+        batch = sample_completions(
+            model, tok, [r["prompt"] for r in chunk], 8, 10, 1.0, generator=generator
+        )
         for i, row in enumerate(chunk):
             mine = []
             for j in range(i * 8, (i + 1) * 8):
@@ -136,24 +146,57 @@ def test_sample_command_output_trains_with_sft(model_and_tokenizer, tmp_path, ca
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     out = tmp_path / "kept.jsonl"
-    args = ["sample", "--model", str(model_dir), "--task", str(rows), "--output", str(out),
-            "--num-samples", "4", "--max-new-tokens", "10", "--max-per-prompt", "2",
-            "--no-progress"]  # fmt: skip
+    args = [
+        "sample",
+        "--model",
+        str(model_dir),
+        "--task",
+        str(rows),
+        "--output",
+        str(out),
+        "--num-samples",
+        "4",
+        "--max-new-tokens",
+        "10",
+        "--max-per-prompt",
+        "2",
+        "--no-progress",
+    ]
     capsys.readouterr()
     main(args)
     summary = json.loads(capsys.readouterr().out)
     kept = read_jsonl(out)
     assert summary["kept"] == len(kept) > 0 and summary["prompts"] == 5
-    assert all(k["reward"] == 1.0 and {"prompt", "completion", "answer", "id"} <= set(k)
-               for k in kept)  # fmt: skip
+    assert all(
+        k["reward"] == 1.0 and {"prompt", "completion", "answer", "id"} <= set(k) for k in kept
+    )
     with pytest.raises(FileExistsError, match="--overwrite"):
         main(args)
 
     # the kept lines are SFT data as they are
     run = tmp_path / "sft"
-    main(["sft", "--data", str(out), "--run-dir", str(run), "--steps", "2", "--batch-size", "2",
-          "--tiny.hidden-size", "32", "--tiny.num-layers", "1", "--tiny.num-heads", "2",
-          "--tiny.intermediate-size", "64", "--no-progress"])  # fmt: skip
+    main(
+        [
+            "sft",
+            "--data",
+            str(out),
+            "--run-dir",
+            str(run),
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--tiny.hidden-size",
+            "32",
+            "--tiny.num-layers",
+            "1",
+            "--tiny.num-heads",
+            "2",
+            "--tiny.intermediate-size",
+            "64",
+            "--no-progress",
+        ]
+    )
     assert (run / "model" / "config.json").exists()
 
 
@@ -162,13 +205,39 @@ def test_sample_command_on_a_task_and_on_bad_rows(model_and_tokenizer, tmp_path,
     model_dir = save_model(model, tok, tmp_path / "model")
     out = tmp_path / "arith.jsonl"
     capsys.readouterr()
-    main(["sample", "--model", str(model_dir), "--output", str(out), "--arithmetic.digits", "1",
-          "--arithmetic.held-out-size", "5", "--num-prompts", "3", "--num-samples", "2",
-          "--max-new-tokens", "6", "--no-progress"])  # fmt: skip
+    main(
+        [
+            "sample",
+            "--model",
+            str(model_dir),
+            "--output",
+            str(out),
+            "--arithmetic.digits",
+            "1",
+            "--arithmetic.held-out-size",
+            "5",
+            "--num-prompts",
+            "3",
+            "--num-samples",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--no-progress",
+        ]
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["prompts"] == 3 and summary["sampled"] == 6 and out.exists()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
     with pytest.raises(JSONLError, match=r"bad.jsonl:2: missing field 'answer'"):
-        main(["sample", "--model", str(model_dir), "--task", str(bad), "--output",
-              str(tmp_path / "x.jsonl")])  # fmt: skip
+        main(
+            [
+                "sample",
+                "--model",
+                str(model_dir),
+                "--task",
+                str(bad),
+                "--output",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )

@@ -10,19 +10,18 @@ import pytest
 import torch
 
 from rlvr.cli import main
+from rlvr.models.chat import format_prompt
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, load_model
+from rlvr.pipelines.sft import SFTConfig, add_lora, run_sft
 from rlvr.report.run_dir import read_jsonl
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, worked_solution
-from rlvr.tasks.jsonl import JSONLError
+from rlvr.tasks.jsonl import JSONLError, load_pairs
 from rlvr.train.sft import (
     IGNORE_INDEX,
-    SFTConfig,
     completion_loss,
-    format_prompt,
-    load_pairs,
+    completion_nll,
     pairs_loss,
-    run_sft,
     shuffled_epochs,
     supervised_batch,
     train_next_token,
@@ -127,9 +126,12 @@ def test_sft_raises_held_out_likelihood_beyond_letter_frequencies(tmp_path):
     config = SFTConfig(
         data=str(write_pairs(tmp_path / "train.jsonl", train)),
         eval_data=str(write_pairs(tmp_path / "held.jsonl", held)),
-        steps=40, batch_size=8, lr=3e-3, progress=False,
+        steps=40,
+        batch_size=8,
+        lr=3e-3,
+        progress=False,
         tiny=TinyModelConfig(hidden_size=48, num_layers=2, num_heads=4, intermediate_size=192),
-    )  # fmt: skip
+    )
     model_dir = run_sft(config, tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     before, after = summary["eval_before"]["loss"], summary["eval_after"]["loss"]
@@ -139,22 +141,26 @@ def test_sft_raises_held_out_likelihood_beyond_letter_frequencies(tmp_path):
     assert after < 0.8 * unigram
     # the saved model is the trained one
     model, tok = load_model(model_dir)
-    from rlvr.train.sft import completion_nll
-
     assert completion_nll(model, tok, held) == pytest.approx(after, abs=1e-4)
 
 
 def test_lora_trains_adapters_only_and_merges_exactly(tmp_path):
     pytest.importorskip("peft")
-    from rlvr.train.sft import add_lora
-
     tok = build_char_tokenizer()
     model = add_lora(build_tiny_model(TINY, tok, seed=0), rank=4, alpha=8)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     pairs = [("1+1=", "#### 2"), ("2+2=", "#### 4")]
-    train_next_token(model, tok, shuffled_epochs(pairs, 0), steps=5, batch_size=2, lr=1e-2,
-                     warmup_steps=1, progress=False)  # fmt: skip
+    train_next_token(
+        model,
+        tok,
+        shuffled_epochs(pairs, 0),
+        steps=5,
+        batch_size=2,
+        lr=1e-2,
+        warmup_steps=1,
+        progress=False,
+    )
     ids = supervised_batch(tok, *zip(*pairs))["input_ids"]
     with torch.no_grad():
         adapted = model(input_ids=ids).logits
@@ -165,16 +171,16 @@ def test_lora_trains_adapters_only_and_merges_exactly(tmp_path):
     assert torch.allclose(merged, adapted, atol=1e-5)  # merging keeps the adapted function
 
     data = write_pairs(tmp_path / "pairs.jsonl", pairs)
-    out = run_sft(SFTConfig(data=str(data), steps=2, batch_size=2, lora_rank=2, tiny=TINY,
-                            progress=False), tmp_path / "lora")  # fmt: skip
+    out = run_sft(
+        SFTConfig(data=str(data), steps=2, batch_size=2, lora_rank=2, tiny=TINY, progress=False),
+        tmp_path / "lora",
+    )
     assert not (out / "adapter_config.json").exists()  # a plain HF directory
     load_model(out)
 
 
 def test_lora_without_peft_says_how_to_install(monkeypatch):
     import builtins
-
-    from rlvr.train.sft import add_lora
 
     real_import = builtins.__import__
 
@@ -191,12 +197,37 @@ def test_lora_without_peft_says_how_to_install(monkeypatch):
 def test_sft_command_writes_a_run_directory(tmp_path, capsys):
     data = write_pairs(tmp_path / "pairs.jsonl", [("1+1=", "2"), ("2+2=", "4"), ("3+3=", "6")])
     run = tmp_path / "sft"
-    args = ["sft", "--data", str(data), "--run-dir", str(run), "--epochs", "2", "--batch-size",
-            "2", "--max-length", "5", "--tiny.hidden-size", "32", "--tiny.num-layers", "1",
-            "--tiny.num-heads", "2", "--tiny.intermediate-size", "64", "--no-progress"]  # fmt: skip
+    args = [
+        "sft",
+        "--data",
+        str(data),
+        "--run-dir",
+        str(run),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-length",
+        "5",
+        "--tiny.hidden-size",
+        "32",
+        "--tiny.num-layers",
+        "1",
+        "--tiny.num-heads",
+        "2",
+        "--tiny.intermediate-size",
+        "64",
+        "--no-progress",
+    ]
     main(args)
-    for name in ("config.yaml", "metrics.jsonl", "loss_curve.png", "summary.json",
-                 "model/config.json", "model/tokenizer.json"):  # fmt: skip
+    for name in (
+        "config.yaml",
+        "metrics.jsonl",
+        "loss_curve.png",
+        "summary.json",
+        "model/config.json",
+        "model/tokenizer.json",
+    ):
         assert (run / name).exists(), name
     metrics = read_jsonl(run / "metrics.jsonl")
     # 3 pairs, 2 epochs, batches of 2: ceil(6 / 2) = 3 steps, each with a loss

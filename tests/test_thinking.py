@@ -2,17 +2,15 @@ import pytest
 import torch
 
 from rlvr.models.tiny import TinyModelConfig, build_tiny_model
-from rlvr.pipelines.thinking_budget import (
-    format_table,
-    plot_thinking_budget,
-    think_mode_check,
-    thinking_budget_curve,
-)
+from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.rollout.thinking import generate_with_thinking_budget
 from rlvr.tasks.reasoning import score
+from rlvr.train.evaluate import think_mode_check, thinking_budget_curve
+from rlvr.verifiers.format import THINK_CLOSE, THINK_OPEN
 from tests.test_sampler import EOS, TOKENIZER, MarkovModel, chain, ids
 
 OPEN, CLOSE = ids("<think>")[0], ids("</think>")[0]
+TAGS = {"think_open": THINK_OPEN, "think_close": THINK_CLOSE}
 
 
 def thinker(thought: str, close: bool = True) -> MarkovModel:
@@ -38,9 +36,15 @@ def thinker(thought: str, close: bool = True) -> MarkovModel:
 )
 def test_budget_forcing_by_hand(budget, completion, thinking, total, forced):
     batch = generate_with_thinking_budget(
-        thinker("abc"), TOKENIZER, ["1+2=", "34+5="], budget, max_answer_tokens=4,
-        temperature=0.0, num_samples=2,
-    )  # fmt: skip
+        thinker("abc"),
+        TOKENIZER,
+        ["1+2=", "34+5="],
+        budget,
+        max_answer_tokens=4,
+        temperature=0.0,
+        num_samples=2,
+        **TAGS,
+    )
     assert batch.completions == [completion] * 4
     assert batch.thinking_tokens == [thinking] * 4
     assert batch.total_tokens == [total] * 4
@@ -50,12 +54,18 @@ def test_budget_forcing_by_hand(budget, completion, thinking, total, forced):
 
 def test_a_thought_that_ends_without_closing_is_left_unclosed():
     batch = generate_with_thinking_budget(
-        thinker("ab", close=False), TOKENIZER, ["1+2="], 4, max_answer_tokens=4, temperature=0.0
+        thinker("ab", close=False),
+        TOKENIZER,
+        ["1+2="],
+        4,
+        max_answer_tokens=4,
+        temperature=0.0,
+        **TAGS,
     )
     assert batch.completions == ["<think>ab"]
     assert (batch.thinking_tokens, batch.total_tokens, batch.forced) == ([2], [4], [False])
     stop = generate_with_thinking_budget(
-        thinker("abc"), TOKENIZER, ["1+2="], 2, 4, 0.0, stop_phrase="ok"
+        thinker("abc"), TOKENIZER, ["1+2="], 2, 4, 0.0, stop_phrase="ok", **TAGS
     )
     assert stop.completions == ["<think>abok</think>7"]
 
@@ -67,9 +77,16 @@ def test_any_model_respects_the_budget(budget):
     model.lm_head.bias = torch.nn.Parameter(torch.zeros(len(TOKENIZER)))
     model.lm_head.bias.data[CLOSE] = 3.0
     batch = generate_with_thinking_budget(
-        model, TOKENIZER, ["12+34=", "5+6="], budget, max_answer_tokens=5, temperature=1.0,
-        generator=torch.Generator().manual_seed(0), num_samples=8,
-    )  # fmt: skip
+        model,
+        TOKENIZER,
+        ["12+34=", "5+6="],
+        budget,
+        max_answer_tokens=5,
+        temperature=1.0,
+        generator=torch.Generator().manual_seed(0),
+        num_samples=8,
+        **TAGS,
+    )
     assert len(batch.completions) == 16
     for text, thinking, total, forced in zip(
         batch.completions, batch.thinking_tokens, batch.total_tokens, batch.forced
@@ -92,9 +109,13 @@ def test_any_model_respects_the_budget(budget):
 def test_budget_curve_table_plot_and_mode_check(tmp_path):
     rows = [{"prompt": "1+2=", "answer": "7"}, {"prompt": "/no_think 3+4=", "answer": "7"}]
     curve = thinking_budget_curve(
-        thinker("abc"), TOKENIZER, rows, lambda c, r: score(c, r["answer"]),
-        budgets=[0, 2, 3, None], max_answer_tokens=3,
-    )  # fmt: skip
+        thinker("abc"),
+        TOKENIZER,
+        rows,
+        lambda c, r: score(c, r["answer"]),
+        budgets=[0, 2, 3, None],
+        max_answer_tokens=3,
+    )
     assert [p["accuracy"] for p in curve] == [1.0] * 4
     assert [p["thinking_tokens"] for p in curve] == [0, 2, 3, 3]
     assert [p["total_tokens"] for p in curve] == [4, 7, 7, 7]
@@ -103,8 +124,12 @@ def test_budget_curve_table_plot_and_mode_check(tmp_path):
     assert "| none | 1.000 | 3.0 | 7.0 | 0.00 |" in table
     assert plot_thinking_budget(curve, tmp_path / "budget.png").stat().st_size > 0
     check = think_mode_check(
-        thinker("abc"), TOKENIZER, rows, lambda c, r: score(c, r["answer"]), 8,
+        thinker("abc"),
+        TOKENIZER,
+        rows,
+        lambda c, r: score(c, r["answer"]),
+        8,
         modes=("think", "no_think"),
-    )  # fmt: skip
+    )
     # this model ignores the tag: it thinks in both modes
     assert check["no_think"] == {"accuracy": 1.0, "thinking_frac": 1.0, "mean_tokens": 7.0}

@@ -12,15 +12,14 @@ import dataclasses  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import Annotated  # noqa: E402
 
 import tyro  # noqa: E402
 
-from rlvr.pipelines.lab import LabConfig  # noqa: E402
-from rlvr.rollout.rejection import RejectionConfig  # noqa: E402
+from rlvr.pipelines.lab import LabConfig, run_lab  # noqa: E402
+from rlvr.pipelines.sample import SampleConfig, run_sample  # noqa: E402
+from rlvr.pipelines.sft import SFTConfig, run_sft  # noqa: E402
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
 from rlvr.tasks.reasoning import ReasoningTaskConfig  # noqa: E402
-from rlvr.train.sft import SFTConfig  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -112,90 +111,39 @@ class CompareConfig:
     """Further arguments for every `rlvr train`, e.g. "--model DIR --arithmetic.digits 2"."""
 
 
-@dataclass(frozen=True)
-class SampleConfig:
-    """`rlvr sample`: rejection sampling; writes the verified completions as `rlvr sft` input."""
-
-    model: str
-    """A local Hugging Face model directory."""
-    output: str
-    """The JSONL file to write: {"prompt", "completion", "reward", ...row columns} per line."""
-    task: str = "arithmetic"
-    """Prompts and verifier: arithmetic, code or tool (training rows, the task's strict
-    verifier), or a FILE.jsonl of rows with "prompt" and the verifier's column ("answer")."""
-    num_prompts: int | None = 256
-    """Prompts to sample for: the first N training rows of a task, or of FILE.jsonl (None: all
-    of the file's rows)."""
-    verifier: str = "math"
-    """For a FILE.jsonl: math, tool, format or weak_math (a named task uses its own)."""
-    overwrite: bool = False
-    """Replace an existing output file."""
-    threads: int = 2
-    """CPU threads (torch.set_num_threads)."""
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
-    sampling: Annotated[RejectionConfig, tyro.conf.OmitArgPrefixes] = field(
-        default_factory=RejectionConfig
-    )
-
-
 def sample(config: SampleConfig) -> dict:
-    import itertools
-    import pathlib
-
-    import torch
-
-    from rlvr.models.tiny import load_model
-    from rlvr.rollout.rejection import rejection_sample, write_jsonl
-
-    if pathlib.Path(config.output).exists() and not config.overwrite:
-        raise FileExistsError(f"{config.output} exists; pass --overwrite to replace it")
-    if config.task.endswith(".jsonl"):
-        from rlvr.tasks.jsonl import load_rows
-        from rlvr.verifiers.adapters import trl_reward
-        from rlvr.verifiers.files import REFERENCE_FIELD
-
-        reward_fn = trl_reward(config.verifier)
-        column = REFERENCE_FIELD.get(config.verifier)
-        rows = load_rows(config.task, ("prompt", column) if column else ("prompt",))
-        rows, budget = rows[: config.num_prompts], 512
-    else:
-        from rlvr.pipelines.lab import build_task
-
-        task = build_task(LabConfig(task=config.task, arithmetic=config.arithmetic))
-        rows = list(itertools.islice(task.train_rows(config.sampling.seed), config.num_prompts))
-        reward_fn, budget = task.reward_fn, task.max_new_tokens
-    sampling = config.sampling
-    if sampling.max_new_tokens is None:
-        sampling = dataclasses.replace(sampling, max_new_tokens=budget)
-    torch.set_num_threads(config.threads)
-    model, tokenizer = load_model(config.model)
-    kept, summary = rejection_sample(model, tokenizer, rows, reward_fn, sampling)
-    write_jsonl(kept, config.output)
-    summary = {"output": config.output, **summary}
+    """`rlvr sample`: rejection sampling to a JSONL file; prints and returns the summary."""
+    summary = run_sample(config)
     print(json.dumps(summary))
     return summary
 
 
 def sft(config: SFTConfig) -> None:
-    from rlvr.train.sft import run_sft
-
+    """`rlvr sft`: fine-tune and write the run directory."""
     run_sft(config)
 
 
 def compare(config: CompareConfig) -> None:
+    """`rlvr compare`: one `rlvr train` per recipe, then one figure and one table."""
     import shlex
 
     from rlvr.pipelines.compare import compare_recipes
 
-    args = ["--grpo.steps", str(config.steps), "--seed", str(config.seed), "--overwrite",
-            "--no-progress", *shlex.split(config.train_args)]  # fmt: skip
+    args = [
+        "--grpo.steps",
+        str(config.steps),
+        "--seed",
+        str(config.seed),
+        "--overwrite",
+        "--no-progress",
+        *shlex.split(config.train_args),
+    ]
     recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
     compare_recipes(recipes, config.runs_dir, config.name, args)
 
 
 def lab(config: LabConfig) -> None:
-    from rlvr.pipelines.lab import run_lab
-
+    """`rlvr lab` / `rlvr train`: the lab with the `--set` overrides applied."""
     run_lab(resolve_switches(config))
 
 
@@ -209,6 +157,7 @@ def resolve_switches(config: LabConfig) -> LabConfig:
 
 
 def recipes(config: RecipesConfig) -> None:
+    """`rlvr recipes`: list the recipes, or show one's switches."""
     from rlvr.train.recipes import RECIPES, describe_recipe
 
     if config.action == "list":
@@ -221,13 +170,12 @@ def recipes(config: RecipesConfig) -> None:
 
 
 def evaluate(config: EvalConfig) -> None:
+    """`rlvr eval`: print a model's held-out accuracy (or its thinking-budget curve)."""
     from rlvr.models.tiny import load_model
-    from rlvr.pipelines.lab import build_task
+    from rlvr.tasks.registry import build_task
     from rlvr.train.evaluate import held_out_accuracy
 
-    task = build_task(
-        LabConfig(task=config.task, arithmetic=config.arithmetic, reasoning=config.reasoning)
-    )
+    task = build_task(config.task, config.arithmetic, config.reasoning)
     model, tokenizer = load_model(config.model)
     rows = task.held_out_rows()
     if config.task == "reasoning":
@@ -238,37 +186,55 @@ def evaluate(config: EvalConfig) -> None:
         _thinking_budget(config, model, tokenizer, rows, task)
         return
     accuracy = held_out_accuracy(
-        model, tokenizer, rows, task.score, config.max_new_tokens or task.max_new_tokens,
-        temperature=config.temperature, num_samples=config.num_samples, seed=config.seed,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        rows,
+        task.score,
+        config.max_new_tokens or task.max_new_tokens,
+        temperature=config.temperature,
+        num_samples=config.num_samples,
+        seed=config.seed,
+    )
     mode = "greedy" if config.temperature == 0 else f"sampled at T={config.temperature}"
-    print(json.dumps({"model": config.model, "task": config.task, "mode": mode,
-                      "problems": len(rows), "accuracy": accuracy}))  # fmt: skip
+    result = {
+        "model": config.model,
+        "task": config.task,
+        "mode": mode,
+        "problems": len(rows),
+        "accuracy": accuracy,
+    }
+    print(json.dumps(result))
 
 
 def _thinking_budget(config: EvalConfig, model, tokenizer, rows, task) -> None:
+    """`rlvr eval --thinking-budget`: print the curve's table, write its figure and json."""
     from pathlib import Path
 
-    from rlvr.pipelines.thinking_budget import (
-        format_table,
-        plot_thinking_budget,
-        thinking_budget_curve,
-    )
+    from rlvr.report.plots import format_table, plot_thinking_budget
+    from rlvr.train.evaluate import thinking_budget_curve
 
     if config.task != "reasoning":
         raise SystemExit("rlvr eval: --thinking-budget needs --task reasoning (a <think> task)")
     try:
-        budgets = [None if b.strip().lower() == "none" else int(b) for b in
-                   config.thinking_budget.split(",")]  # fmt: skip
+        budgets = [
+            None if b.strip().lower() == "none" else int(b)
+            for b in config.thinking_budget.split(",")
+        ]
     except ValueError:
         raise SystemExit(
             f"rlvr eval: --thinking-budget expects numbers and 'none' separated by commas, got "
             f"{config.thinking_budget!r}"
         ) from None
     curve = thinking_budget_curve(
-        model, tokenizer, rows, task.score, budgets=budgets, temperature=config.temperature,
-        num_samples=config.num_samples, seed=config.seed,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        rows,
+        task.score,
+        budgets=budgets,
+        temperature=config.temperature,
+        num_samples=config.num_samples,
+        seed=config.seed,
+    )
     print(format_table(curve))
     figure = plot_thinking_budget(curve, config.out, title=f"thinking budget: {config.model}")
     Path(figure).with_suffix(".json").write_text(json.dumps(curve, indent=2))
@@ -276,6 +242,7 @@ def _thinking_budget(config: EvalConfig, model, tokenizer, rows, task) -> None:
 
 
 def pipeline(config: PipelineConfig) -> None:
+    """`rlvr pipeline`: list the built-ins, or run (resume) one and point at its report."""
     from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
 
     if config.list:
@@ -290,6 +257,7 @@ def pipeline(config: PipelineConfig) -> None:
 
 
 def verify(config: VerifyConfig) -> None:
+    """`rlvr verify`: grade one completion or a JSONL file and print why."""
     from rlvr.verifiers.files import grade_file, grade_one
 
     if config.file is not None:
@@ -321,6 +289,7 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> None:
+    """`rlvr COMMAND [flags]`: parse the command's config and run it."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
         names = ", ".join(COMMANDS)

@@ -1,7 +1,8 @@
 """The lab: R1-Zero in miniature on a laptop CPU.
 
 1. Build a base model that can *sometimes* add: a ~1 M-parameter model trained by next-token
-   prediction on worked solutions, many of which drop a carry. Cached by a hash of its config.
+   prediction on worked solutions, many of which drop a carry. Cached by a hash of its config
+   (`rlvr.pipelines.base_model`, the cache the pipelines' `base` stage shares).
 2. GRPO on the verifiable reward (the strict math verifier) from that base.
 3. Report: metrics, samples, reward curve, summary, final model.
 
@@ -12,10 +13,7 @@ which is the module's claim about R1-Zero.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,48 +22,23 @@ from pathlib import Path
 import torch
 import yaml
 
-from rlvr.models.tiny import (
-    TinyModelConfig,
-    build_char_tokenizer,
-    build_tiny_model,
-    count_parameters,
-    load_model,
-    save_model,
+from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model, save_model
+from rlvr.pipelines.base_model import (
+    BaseConfig,
+    base_model_dir,
+    cached_base_model,
+    resolved_hedge_prob,
 )
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.step_time import format_step_time, step_time_split
-from rlvr.tasks import arithmetic, reasoning
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.reasoning import ReasoningTaskConfig
+from rlvr.tasks.registry import build_task, training_reward
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import train_grpo
-from rlvr.train.sft import train_next_token
-
-BASE_FORMAT_VERSION = 1  # bump when the corpus or base training changes meaning
-
-
-@dataclass(frozen=True)
-class BaseConfig:
-    """How the lab's base model is "pretrained" on a flawed corpus."""
-
-    flaw_prob: float = 0.65
-    """Chance of each realistic mistake in the corpus; for arithmetic, that each carry is
-    dropped (about half the solutions end wrong and the wrong procedure is the majority)."""
-    hedge_prob: float | None = None
-    """Arithmetic: chance that a corpus solution hedges between both procedures' answers
-    (`#### 715 or 825`), which a weak verifier pays for and a strict one does not. None: 0.1
-    with --verifier weak (so there is something to game), else 0."""
-    steps: int = 800
-    """Next-token training steps."""
-    batch_size: int = 16
-    """Solutions per step (800 steps of 16 learned to copy digits; 200 of 64 did not)."""
-    lr: float = 2e-3
-    """Peak AdamW learning rate (warm-up then cosine decay to a tenth)."""
-    seed: int = 0
-    """Seed of the initial weights and the corpus."""
 
 
 @dataclass(frozen=True)
@@ -112,120 +85,46 @@ class LabConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
 
-def cache_root(cache_dir: str | None) -> Path:
-    if cache_dir:
-        return Path(cache_dir)
-    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
-
-
-def build_task(config: LabConfig) -> TaskSpec:
-    """The TaskSpec of `config.task`."""
-    if config.task == "arithmetic":
-        return arithmetic.task_spec(config.arithmetic, hedge_prob=effective_hedge_prob(config))
-    if config.task == "reasoning":
-        return reasoning.task_spec(config.reasoning)
-    if config.task == "code":
-        from rlvr.tasks import code_task
-
-        return code_task.task_spec()
-    if config.task == "tool":
-        from rlvr.tasks import tool_task
-
-        return tool_task.task_spec()
-    if config.task.endswith(".jsonl"):
-        from rlvr.tasks import jsonl
-
-        return jsonl.task_spec(config.task, seed=config.seed)
-    raise ValueError(
-        f"unknown task {config.task!r}; choose arithmetic, reasoning, code, tool or a FILE.jsonl"
+def lab_task(config: LabConfig) -> TaskSpec:
+    """The TaskSpec of `config.task`, from the task registry."""
+    return build_task(
+        config.task,
+        config.arithmetic,
+        config.reasoning,
+        hedge_prob=effective_hedge_prob(config),
+        seed=config.seed,
     )
 
 
 def effective_hedge_prob(config: LabConfig) -> float:
-    if config.base.hedge_prob is not None:
-        return config.base.hedge_prob
-    return 0.1 if config.verifier == "weak" else 0.0
+    """The base corpus's hedge probability: `--base.hedge-prob`, else by `--verifier`."""
+    return resolved_hedge_prob(config.base.hedge_prob, config.verifier)
 
 
-def base_model_key(config: LabConfig) -> str:
-    """Hash of everything that determines the base model's weights."""
-    base = dataclasses.replace(config.base, hedge_prob=effective_hedge_prob(config))
-    payload = {
-        "version": BASE_FORMAT_VERSION,
-        "task": config.task,
-        "arithmetic": dataclasses.asdict(config.arithmetic)
-        if config.task == "arithmetic"
-        else None,
-        **(
-            {"reasoning": dataclasses.asdict(config.reasoning)}
-            if config.task == "reasoning"
-            else {}
-        ),
-        "tiny": dataclasses.asdict(config.tiny),
-        "base": dataclasses.asdict(base),
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+def _base_settings(config: LabConfig) -> tuple[object | None, BaseConfig]:
+    """(the task's config, the base's settings with the hedge resolved): with the task name and
+    the model shape, what keys the lab's base model in the cache."""
+    task_config = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}.get(config.task)
+    return task_config, dataclasses.replace(config.base, hedge_prob=effective_hedge_prob(config))
+
+
+def lab_base_dir(config: LabConfig) -> Path:
+    """The cache directory of the lab's base model (present or not)."""
+    task_config, base = _base_settings(config)
+    return base_model_dir(config.task, task_config, config.tiny, base, config.cache_dir)
 
 
 def build_base_model(config: LabConfig, task: TaskSpec) -> tuple[Path, bool]:
     """Return (directory of the base model, whether it came from the cache)."""
-    directory = cache_root(config.cache_dir) / f"base-{base_model_key(config)}"
-    base = config.base
-    cached = train_cached_base(
-        directory, task, config.tiny, seed=base.seed, flaw_prob=base.flaw_prob,
-        steps=base.steps, batch_size=base.batch_size, lr=base.lr, progress=config.progress,
-    )  # fmt: skip
-    return directory, cached
-
-
-def train_cached_base(
-    directory: Path,
-    task: TaskSpec,
-    shape: TinyModelConfig,
-    *,
-    seed: int,
-    flaw_prob: float,
-    steps: int,
-    batch_size: int,
-    lr: float,
-    progress: bool,
-) -> bool:
-    """A tiny model "pretrained" on `task`'s flawed corpus, saved to `directory` unless a
-    complete one is there already; returns whether it was (the caller keys the directory by
-    everything that determines the weights)."""
-    if (directory / "config.json").exists():
-        return True
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(shape, tokenizer, seed=seed)
-    train_next_token(
-        model, tokenizer, task.corpus(seed, flaw_prob), steps=steps, batch_size=batch_size,
-        lr=lr, progress=progress,
-    )  # fmt: skip
-    # write to a temporary name, then rename: a half-written base is never taken for a good one
-    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tokenizer, tmp)
-    if directory.exists():
-        shutil.rmtree(tmp)
-    else:
-        tmp.rename(directory)
-    return False
-
-
-def training_reward(name: str, task: TaskSpec):
-    """The training reward function of `--verifier NAME` for `task`."""
-    if name == "strict":
-        return task.reward_fn
-    if name == "weak" and task.name == "arithmetic":
-        from rlvr.verifiers.weak import weak_math_reward
-
-        return weak_math_reward
-    raise ValueError(f"unknown verifier {name!r} for task {task.name}; choose strict or weak")
+    task_config, base = _base_settings(config)
+    return cached_base_model(
+        config.task, task, task_config, config.tiny, base, config.cache_dir, config.progress
+    )
 
 
 def run_lab(config: LabConfig) -> dict:
     """The whole lab; returns the summary written to summary.json."""
-    task = build_task(config)
+    task = lab_task(config)
     if config.grpo.max_new_tokens is None:
         config = dataclasses.replace(
             config, grpo=dataclasses.replace(config.grpo, max_new_tokens=task.max_new_tokens)
@@ -261,13 +160,20 @@ def run_lab(config: LabConfig) -> dict:
     budget = config.grpo.max_new_tokens
 
     def evaluate(m: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
+        """Held-out accuracy of `m`: greedy, and sampled at the training temperature."""
         return {
             "greedy_acc": held_out_accuracy(m, tokenizer, held_out, task.score, budget),
             "sampled_acc": held_out_accuracy(
-                m, tokenizer, held_out, task.score, budget,
-                temperature=config.grpo.temperature, num_samples=sampled_samples, seed=1,
+                m,
+                tokenizer,
+                held_out,
+                task.score,
+                budget,
+                temperature=config.grpo.temperature,
+                num_samples=sampled_samples,
+                seed=1,
             ),
-        }  # fmt: skip
+        }
 
     base_eval = evaluate(model, config.eval_samples)
     _say(
@@ -350,6 +256,7 @@ def check_same_config(run: RunDirectory, config: LabConfig) -> None:
 
 
 def _monitor_summary(records: list[dict]) -> dict:
+    """The summary's account of the hacking monitor: checks, flagged steps, largest gap."""
     checks = [r for r in records if "monitor/gap" in r]
     flagged = [r["step"] for r in checks if r["monitor/flagged"]]
     return {
@@ -365,6 +272,7 @@ def _monitor_summary(records: list[dict]) -> dict:
 
 
 def _plot_title(describe: str, base: dict, final: dict) -> str:
+    """The reward curve's title: the task and held-out accuracy before -> after."""
     return (
         f"RL on {describe}: greedy {base['greedy_acc']:.2f} -> {final['greedy_acc']:.2f}, "
         f"sampled {base['sampled_acc']:.2f} -> {final['sampled_acc']:.2f}"
@@ -372,9 +280,11 @@ def _plot_title(describe: str, base: dict, final: dict) -> str:
 
 
 def _median(values: list[float]) -> float | None:
+    """The upper median of `values` (None when there are none)."""
     return sorted(values)[len(values) // 2] if values else None
 
 
 def _say(config: LabConfig, message: str) -> None:
+    """Print `message` unless progress output is off."""
     if config.progress:
         print(f"[rlvr] {message}", flush=True)

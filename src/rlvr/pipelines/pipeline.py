@@ -32,7 +32,9 @@ import yaml
 from rlvr.config import config_from_dict
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
+from rlvr.report.plots import plot_pipeline
 from rlvr.tasks import reasoning
+from rlvr.train.evaluate import evaluate_stage_model
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
 TOP_LEVEL_KEYS = ("name", "description", "task", "tiny", "seed", "eval_modes", "stages")
@@ -57,6 +59,7 @@ class Pipeline:
 
 
 def builtin_pipelines() -> list[str]:
+    """The names of the built-in pipelines (the YAML files in `builtin/`)."""
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
 
 
@@ -74,6 +77,8 @@ def load_pipeline(name_or_path: str) -> Pipeline:
 
 
 def parse_pipeline(data: dict[str, Any], default_name: str, source: str) -> Pipeline:
+    """A Pipeline from a pipeline file's data; unknown keys, kinds and modes are refused,
+    naming `source`."""
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {unknown}; valid: {list(TOP_LEVEL_KEYS)}")
@@ -139,8 +144,8 @@ def run_pipeline(
         if record is not None and record["key"] == key:
             _say(progress, f"stage {stage.name}: finished earlier, skipped")
             if reevaluate and "model" in record["outputs"]:
-                record["eval"] = stages.evaluate_stage_model(
-                    record["outputs"]["model"], ctx, pipeline.eval_modes
+                record["eval"] = evaluate_stage_model(
+                    record["outputs"]["model"], task, pipeline.eval_modes, pipeline.seed
                 )
                 record_path.write_text(json.dumps(record, indent=2))
         else:
@@ -152,20 +157,33 @@ def run_pipeline(
             outputs = run_stage(stage.settings, ctx, stage_dir)
             seconds = time.perf_counter() - start
             evaluation = (
-                stages.evaluate_stage_model(outputs["model"], ctx, pipeline.eval_modes)
+                evaluate_stage_model(outputs["model"], task, pipeline.eval_modes, pipeline.seed)
                 if "model" in outputs
                 else {}
             )
-            record = {"key": key, "name": stage.name, "kind": stage.kind, "outputs": outputs,
-                      "seconds": seconds, "eval": evaluation}  # fmt: skip
+            record = {
+                "key": key,
+                "name": stage.name,
+                "kind": stage.kind,
+                "outputs": outputs,
+                "seconds": seconds,
+                "eval": evaluation,
+            }
             record_path.write_text(json.dumps(record, indent=2))
         ctx.outputs[stage.name] = record["outputs"]
         ctx.seconds[stage.name] = record["seconds"]
         if "model" in record["outputs"]:
             ctx.last_model = record["outputs"]["model"]
         cached = record["outputs"].get("cached") == "true"  # a base trained by another run
-        report.append({"stage": stage.name, "kind": stage.kind, "seconds": record["seconds"],
-                       "cached": cached, **record["eval"]})  # fmt: skip
+        report.append(
+            {
+                "stage": stage.name,
+                "kind": stage.kind,
+                "seconds": record["seconds"],
+                "cached": cached,
+                **record["eval"],
+            }
+        )
         if record["eval"]:
             _say(progress, f"  {stage.name}: " + _one_line(record["eval"]))
     write_report(pipeline, report, out)
@@ -174,8 +192,6 @@ def run_pipeline(
 
 def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) -> None:
     """report.json, report.md (one table) and report.png (a panel per measure)."""
-    from rlvr.report.plots import plot_pipeline
-
     (out / "report.json").write_text(json.dumps(report, indent=2))
     measures = [
         k for k in report_columns(report) if k not in ("stage", "kind", "seconds", "cached")
@@ -191,13 +207,13 @@ def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) ->
     for row in report:
         cells = [_cell(row.get(m)) for m in measures]
         seconds = "cached" if row["cached"] else f"{row['seconds']:.0f}"
-        lines.append(f"| {row['stage']} | {row['kind']} | " + " | ".join(cells)
-                     + f" | {seconds} |")  # fmt: skip
+        lines.append(f"| {row['stage']} | {row['kind']} | " + " | ".join(cells) + f" | {seconds} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
     plot_pipeline(report, measures, out / "report.png", title=f"rlvr pipeline {pipeline.name}")
 
 
 def report_columns(report: list[dict[str, Any]]) -> list[str]:
+    """Every key of the report's rows, in first-seen order."""
     columns: list[str] = []
     for row in report:
         columns += [k for k in row if k not in columns]
@@ -205,15 +221,18 @@ def report_columns(report: list[dict[str, Any]]) -> list[str]:
 
 
 def _cell(value: Any) -> str:
+    """A report table cell: blank, 3 decimals for a share, 1 for a larger number."""
     if value is None:
         return ""
     return f"{value:.3f}" if isinstance(value, float) and value <= 1 else f"{value:.1f}"
 
 
 def _one_line(evaluation: dict[str, float]) -> str:
+    """A stage's evaluation on one line."""
     return ", ".join(f"{k} {v:.3f}" for k, v in evaluation.items())
 
 
 def _say(progress: bool, message: str) -> None:
+    """Print `message` to stderr when `progress` is on."""
     if progress:
         print(f"[rlvr] {message}", file=sys.stderr, flush=True)

@@ -20,7 +20,6 @@ name the files it wrote (`model`, `data`, `figure`). `ctx` is the pipeline's sha
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -29,22 +28,18 @@ from typing import Any
 
 import torch
 
-from rlvr.config import apply_overrides
-from rlvr.models.tiny import (
-    TinyModelConfig,
-    load_model,
-    save_model,
-)
-from rlvr.pipelines.lab import cache_root, train_cached_base
+from rlvr.config import apply_overrides, config_from_dict
+from rlvr.models.tiny import TinyModelConfig, load_model, save_model
+from rlvr.pipelines.base_model import BaseConfig, cached_base_model, resolved_hedge_prob
+from rlvr.pipelines.sft import SFTConfig, run_sft
+from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.report.run_dir import RunDirectory
-from rlvr.rollout.sampler import sample_completions
 from rlvr.tasks import reasoning
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.config import GRPOConfig
-from rlvr.train.evaluate import held_out_accuracy
+from rlvr.train.evaluate import held_out_accuracy, think_mode_check, thinking_budget_curve
 from rlvr.train.grpo import train_grpo
-
-BASE_FORMAT = 1  # bump when base training changes, so cached bases are rebuilt
+from rlvr.train.rejection import RejectionConfig, rejection_sample
 
 
 @dataclass
@@ -75,31 +70,24 @@ class PipelineContext:
 
 
 @dataclass(frozen=True)
-class BaseStage:
-    """A fresh tiny model trained by next-token prediction on the task's flawed corpus."""
+class BaseStage(BaseConfig):
+    """A fresh tiny model trained by next-token prediction on the task's flawed corpus: the
+    settings of `BaseConfig` (the lab's base uses the same class and cache), plus `tiny`."""
 
-    steps: int = 800
-    batch_size: int = 16
-    lr: float = 2e-3
-    flaw_prob: float = 0.65
-    """Share of carries the corpus drops (the base solves some problems, not others)."""
     tiny: dict[str, int] = field(default_factory=dict)
     """Model-shape overrides of the pipeline's `tiny` (e.g. a smaller student)."""
-    seed: int = 0
 
 
 def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
-    """Train the base, or take it from the cache (`$RLVR_CACHE`, keyed by everything that
-    determines its weights), so pipelines that start from the same base train it once."""
+    """Train the base, or take it from the cache the lab uses too (`$RLVR_CACHE`, keyed by
+    everything that determines its weights), so runs that start from the same base train it
+    once."""
     shape = apply_overrides(ctx.tiny, s.tiny)
-    payload = [BASE_FORMAT, dataclasses.asdict(ctx.task_config), dataclasses.asdict(shape),
-               settings_dict(s)]  # fmt: skip
-    digest = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
-    directory = cache_root(None) / f"reasoning-base-{digest}"
-    cached = train_cached_base(
-        directory, ctx.task, shape, seed=s.seed, flaw_prob=s.flaw_prob, steps=s.steps,
-        batch_size=s.batch_size, lr=s.lr, progress=ctx.progress,
-    )  # fmt: skip
+    # pipelines train on the strict verifier; the reasoning corpus has no hedges anyway
+    base = dataclasses.replace(s, hedge_prob=resolved_hedge_prob(s.hedge_prob, "strict"))
+    directory, cached = cached_base_model(
+        "reasoning", ctx.task, ctx.task_config, shape, base, progress=ctx.progress
+    )
     return {"model": str(directory), **({"cached": "true"} if cached else {})}
 
 
@@ -153,8 +141,7 @@ def sft_pairs(sources: tuple[str, ...], ctx: PipelineContext, seed: int) -> list
 
 
 def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
-    from rlvr.train.sft import SFTConfig, run_sft
-
+    """Write the stage's SFT data (`sft_pairs`) and fine-tune the stage's model on it."""
     rows = sft_pairs(s.data, ctx, s.seed + ctx.seed)
     if not rows:
         raise ValueError(f"{stage_dir.name}: the SFT data sources {list(s.data)} are empty")
@@ -163,10 +150,17 @@ def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[st
         for row in rows:
             f.write(json.dumps({"prompt": row["prompt"], "completion": row["completion"]}) + "\n")
     config = SFTConfig(
-        data=str(data), model=ctx.model_of(s.model), steps=s.steps, batch_size=s.batch_size,
-        lr=s.lr, warmup_steps=s.warmup_steps, seed=s.seed, chat_template=False,
-        progress=ctx.progress, overwrite=True,
-    )  # fmt: skip
+        data=str(data),
+        model=ctx.model_of(s.model),
+        steps=s.steps,
+        batch_size=s.batch_size,
+        lr=s.lr,
+        warmup_steps=s.warmup_steps,
+        seed=s.seed,
+        chat_template=False,
+        progress=ctx.progress,
+        overwrite=True,
+    )
     model_dir = run_sft(config, run_dir=stage_dir / "sft")
     return {"model": str(model_dir), "data": str(data)}
 
@@ -197,6 +191,7 @@ class GRPOStage:
 
 
 def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
+    """GRPO from the stage's model on the task's strict reward plus the weighted extras."""
     model, tokenizer = load_model(ctx.model_of(s.model))
     max_seconds = 0.0
     if s.same_time_as is not None:
@@ -206,12 +201,17 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
     steps = s.steps if not max_seconds else 10_000  # the time limit ends it
     config = apply_overrides(
         GRPOConfig(
-            steps=steps, lr=s.lr, prompts_per_step=s.prompts_per_step, group_size=s.group_size,
-            max_new_tokens=ctx.task.max_new_tokens, eval_every=max(20, s.steps // 3),
-            checkpoint_every=0, max_seconds=max_seconds,
+            steps=steps,
+            lr=s.lr,
+            prompts_per_step=s.prompts_per_step,
+            group_size=s.group_size,
+            max_new_tokens=ctx.task.max_new_tokens,
+            eval_every=max(20, s.steps // 3),
+            checkpoint_every=0,
+            max_seconds=max_seconds,
         ),
         s.grpo,
-    )  # fmt: skip
+    )
     reward_fns, weights = [ctx.task.reward_fn], [1.0]
     if s.consistency_weight:
         reward_fns.append(reasoning.format_consistency_reward)
@@ -222,15 +222,24 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
     held_out = ctx.task.held_out_rows()
 
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
+        """Greedy held-out accuracy of `m`."""
         budget = ctx.task.max_new_tokens
         return {"greedy_acc": held_out_accuracy(m, tokenizer, held_out, ctx.task.score, budget)}
 
     run = RunDirectory(stage_dir, "grpo", overwrite=True)
     train_grpo(
-        model, tokenizer, rows_in_modes(ctx.task.train_rows(ctx.seed + s.seed + 10_000), s.modes),
-        reward_fns, config, run, evaluate, seed=ctx.seed + s.seed, reward_weights=weights,
-        progress=ctx.progress, strict_reward_fn=ctx.task.reward_fn,
-    )  # fmt: skip
+        model,
+        tokenizer,
+        rows_in_modes(ctx.task.train_rows(ctx.seed + s.seed + 10_000), s.modes),
+        reward_fns,
+        config,
+        run,
+        evaluate,
+        seed=ctx.seed + s.seed,
+        reward_weights=weights,
+        progress=ctx.progress,
+        strict_reward_fn=ctx.task.reward_fn,
+    )
     return {"model": str(save_model(model, tokenizer, stage_dir / "model"))}
 
 
@@ -260,18 +269,22 @@ class SampleStage:
 
 
 def run_sample_stage(s: SampleStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
-    from rlvr.rollout.rejection import RejectionConfig, rejection_sample
-
+    """Rejection-sample the stage's model on training prompts; write the kept rows."""
     model, tokenizer = load_model(ctx.model_of(s.model))
     stream = rows_in_modes(ctx.task.train_rows(ctx.seed + s.seed + 20_000), s.modes)
     rows = [next(stream) for _ in range(s.prompts)]
     config = RejectionConfig(
-        num_samples=s.num_samples, temperature=s.temperature,
-        max_new_tokens=ctx.task.max_new_tokens, max_per_prompt=s.max_per_prompt,
-        seed=ctx.seed + s.seed, chat_template=False, progress=ctx.progress,
-    )  # fmt: skip
+        num_samples=s.num_samples,
+        temperature=s.temperature,
+        max_new_tokens=ctx.task.max_new_tokens,
+        max_per_prompt=s.max_per_prompt,
+        seed=ctx.seed + s.seed,
+        chat_template=False,
+        progress=ctx.progress,
+    )
 
     def readable(row: dict, completion: str) -> bool:
+        """Whether the completion's think block is all in digit notation."""
         return reasoning.readability(completion) == 1.0
 
     kept, summary = rejection_sample(
@@ -301,85 +314,28 @@ class ThinkingBudgetStage:
 def run_thinking_budget_stage(
     s: ThinkingBudgetStage, ctx: PipelineContext, stage_dir: Path
 ) -> dict[str, str]:
-    from rlvr.pipelines.thinking_budget import (
-        format_table,
-        plot_thinking_budget,
-        think_mode_check,
-    )
-    from rlvr.pipelines.thinking_budget import thinking_budget_curve as curve_of
-
+    """The thinking-budget curve (json, table, figure) and the mode check of the stage's model."""
     model, tokenizer = load_model(ctx.model_of(s.model))
     rows = ctx.task.held_out_rows()
     budgets = list(s.budgets) or sorted(
         {*reasoning.step_budgets(ctx.task_config.digits), 4, 12, 22}
     )
-    curve = curve_of(
+    curve = thinking_budget_curve(
         model, tokenizer, rows, ctx.task.score, budgets=[*budgets, None], seed=ctx.seed
     )
     (stage_dir / "thinking_budget.json").write_text(json.dumps(curve, indent=2))
     (stage_dir / "thinking_budget.md").write_text(format_table(curve) + "\n")
     figure = plot_thinking_budget(curve, stage_dir / "thinking_budget.png")
     modes = think_mode_check(
-        model, tokenizer, rows, ctx.task.score, ctx.task.max_new_tokens,
+        model,
+        tokenizer,
+        rows,
+        ctx.task.score,
+        ctx.task.max_new_tokens,
         modes=("default", "think", "no_think"),
-    )  # fmt: skip
+    )
     (stage_dir / "modes.json").write_text(json.dumps(modes, indent=2))
     return {"figure": str(figure), "modes": str(stage_dir / "modes.json")}
-
-
-# --- evaluation of a stage's model ------------------------------------------------------
-
-
-@torch.no_grad()
-def greedy_completions(
-    model: torch.nn.Module, tokenizer, rows: list[dict], max_new_tokens: int, batch: int = 256
-) -> list[str]:
-    """Greedy completions of `rows`' prompts."""
-    out: list[str] = []
-    for start in range(0, len(rows), batch):
-        prompts = [r["prompt"] for r in rows[start : start + batch]]
-        out += sample_completions(model, tokenizer, prompts, 1, max_new_tokens, 0.0).completions
-    return out
-
-
-def evaluate_stage_model(
-    model_dir: str, ctx: PipelineContext, modes: tuple[str, ...], sampled: int = 4
-) -> dict[str, float]:
-    """Per thinking mode, on the held-out rows: greedy accuracy, sampled pass@1 at T = 1
-    (`sampled` completions per problem), readability (share of digit-notation steps in the
-    think block, mean over greedy completions), mean greedy completion length in tokens (EOS
-    excluded) and, when `no_think` is among the modes, the share of completions that obey the
-    mode (`follows_mode`: a well-formed empty think block for /no_think, a non-empty one
-    otherwise). `default` mode carries no suffix, other modes `@mode` (e.g.
-    accuracy@no_think)."""
-    model, tokenizer = load_model(model_dir)
-    result: dict[str, float] = {}
-    budget = ctx.task.max_new_tokens
-    for mode in modes:
-        rows = [
-            {**r, "prompt": reasoning.set_mode(r["prompt"], mode)} for r in ctx.task.held_out_rows()
-        ]
-        completions = greedy_completions(model, tokenizer, rows, budget)
-        suffix = "" if mode == "default" else f"@{mode}"
-        result[f"accuracy{suffix}"] = _mean(ctx.task.score(c, r) for c, r in zip(completions, rows))
-        result[f"sampled{suffix}"] = held_out_accuracy(
-            model, tokenizer, rows, ctx.task.score, budget, temperature=1.0, num_samples=sampled,
-            seed=ctx.seed + 1,
-        )  # fmt: skip
-        result[f"readability{suffix}"] = _mean(reasoning.readability(c) for c in completions)
-        result[f"length{suffix}"] = _mean(
-            len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions
-        )
-        if "no_think" in modes:  # obeying the mode only matters when it may not think
-            result[f"obeys{suffix}"] = _mean(
-                reasoning.follows_mode(r["prompt"], c) for c, r in zip(completions, rows)
-            )
-    return result
-
-
-def _mean(values) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
 
 
 STAGE_KINDS: dict[str, tuple[type, Callable[..., dict[str, str]]]] = {
@@ -394,12 +350,11 @@ STAGE_KINDS: dict[str, tuple[type, Callable[..., dict[str, str]]]] = {
 def stage_settings(kind: str, params: dict[str, Any]) -> Any:
     """The settings dataclass of a stage of `kind`; unknown kinds and keys name the valid
     ones."""
-    from rlvr.config import config_from_dict
-
     if kind not in STAGE_KINDS:
         raise ValueError(f"unknown stage kind {kind!r}; valid kinds: {sorted(STAGE_KINDS)}")
     return config_from_dict(STAGE_KINDS[kind][0], params)
 
 
 def settings_dict(settings: Any) -> dict[str, Any]:
+    """A stage's settings as plain JSON values (tuples become lists)."""
     return json.loads(json.dumps(dataclasses.asdict(settings)))

@@ -1,4 +1,5 @@
-"""Figures of a run, drawn from its metrics.jsonl."""
+"""Figures (and the tables beside them) of a run: reward curves, the SFT loss curve, the
+reward-hacking comparison, a pipeline's stages and the thinking-budget curve."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+
+from rlvr.report.run_dir import read_jsonl  # noqa: E402
 
 
 def save_figure(fig, path: str | Path) -> Path:
@@ -63,25 +66,35 @@ def plot_reward_hacking(strict_run: str | Path, weak_run: str | Path, path: str 
     Each panel shows the training reward, held-out accuracy (always graded strictly) and the
     hacking monitor's gap between the training reward and strict accuracy.
     """
-    from rlvr.report.run_dir import read_jsonl
-
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120, sharey=True)
     for ax, run, title in (
         (axes[0], strict_run, "strict verifier"),
         (axes[1], weak_run, "weak verifier (substring match)"),
-    ):  # noqa: E501
+    ):
         metrics = read_jsonl(Path(run) / "metrics.jsonl")
         train = [m for m in metrics if "reward/mean" in m]
-        ax.plot([m["step"] for m in train], [m["reward/mean"] for m in train], color="#9ca3af",
-                lw=1, label="training reward")  # fmt: skip
+        ax.plot(
+            [m["step"] for m in train],
+            [m["reward/mean"] for m in train],
+            color="#9ca3af",
+            lw=1,
+            label="training reward",
+        )
         for key, label, color in (
             ("eval/sampled_acc", "held-out accuracy, sampled (strict)", "#d97706"),
             ("eval/greedy_acc", "held-out accuracy, greedy (strict)", "#0f766e"),
             ("monitor/gap", "monitor: reward minus strict accuracy", "#dc2626"),
         ):
             points = [m for m in metrics if key in m]
-            ax.plot([m["step"] for m in points], [m[key] for m in points], marker="o", ms=3,
-                    lw=1.5, color=color, label=label)  # fmt: skip
+            ax.plot(
+                [m["step"] for m in points],
+                [m[key] for m in points],
+                marker="o",
+                ms=3,
+                lw=1.5,
+                color=color,
+                label=label,
+            )
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
@@ -110,8 +123,9 @@ def plot_pipeline(
         width = 0.8 / len(variants)
         for j, measure in enumerate(variants):
             xs = [i + (j - (len(variants) - 1) / 2) * width for i in range(len(stages))]
-            ax.bar(xs, [r.get(measure, 0.0) for r in stages], width, color=colors[j % 4],
-                   label=measure.replace("accuracy", "greedy").replace("@", " /"))  # fmt: skip
+            label = measure.replace("accuracy", "greedy").replace("@", " /")
+            heights = [r.get(measure, 0.0) for r in stages]
+            ax.bar(xs, heights, width, color=colors[j % 4], label=label)
         ax.set_xticks(range(len(stages)), labels, rotation=35, ha="right", fontsize=7)
         ax.set_title(family, fontsize=10)
         if family != "length":
@@ -133,3 +147,73 @@ def _family(measure: str) -> str:
 def _family_order(family: str) -> int:
     order = ("accuracy", "readability", "obeys", "length")
     return order.index(family) if family in order else len(order)
+
+
+def plot_loss_curve(records: list[dict[str, Any]], path: str | Path) -> Path:
+    """SFT training loss per step (and eval/loss where logged) as a PNG."""
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    train = [r for r in records if "loss" in r]
+    ax.plot(
+        [r["step"] for r in train],
+        [r["loss"] for r in train],
+        color="#2563eb",
+        lw=1,
+        label="train loss (per completion token)",
+    )
+    held = [r for r in records if "eval/loss" in r]
+    if held:
+        ax.plot(
+            [r["step"] for r in held],
+            [r["eval/loss"] for r in held],
+            color="#d97706",
+            marker="o",
+            ms=3,
+            lw=2,
+            label="held-out loss",
+        )
+    ax.set_xlabel("SFT step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+    return save_figure(fig, path)
+
+
+def plot_thinking_budget(curve: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Accuracy (left) and mean tokens (right) against thinking budget, as a PNG, from the
+    points of `rlvr.train.evaluate.thinking_budget_curve`. Budgets are evenly spaced
+    categories, `none` (no budget) last."""
+    labels = ["none" if p["budget"] is None else str(p["budget"]) for p in curve]
+    x = list(range(len(curve)))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8), dpi=120)
+    left.plot(x, [p["accuracy"] for p in curve], marker="o", lw=2, color="#0f766e")
+    left.set_ylabel("held-out accuracy")
+    left.set_ylim(-0.02, 1.02)
+    thinking = [p["thinking_tokens"] for p in curve]
+    total = [p["total_tokens"] for p in curve]
+    right.plot(x, thinking, marker="o", lw=2, color="#d97706", label="thinking tokens")
+    right.plot(x, total, marker="s", lw=2, color="#6b7280", label="total tokens")
+    right.set_ylabel("mean tokens per completion")
+    right.legend(loc="upper left", fontsize=8)
+    for ax in (left, right):
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("thinking budget (tokens)")
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return save_figure(fig, path)
+
+
+def format_table(curve: list[dict[str, Any]]) -> str:
+    """The thinking-budget curve (`rlvr.train.evaluate.thinking_budget_curve`) as a Markdown
+    table."""
+    lines = [
+        "| budget | accuracy | thinking tokens | total tokens | forced |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for p in curve:
+        budget = "none" if p["budget"] is None else str(p["budget"])
+        lines.append(
+            f"| {budget} | {p['accuracy']:.3f} | {p['thinking_tokens']:.1f} | "
+            f"{p['total_tokens']:.1f} | {p['forced_frac']:.2f} |"
+        )
+    return "\n".join(lines)

@@ -1,5 +1,9 @@
 """A thinking budget at inference (Qwen3's budget forcing), on top of `sample_completions`.
 
+The think tags are the caller's (`think_open`, `think_close`, e.g. `rlvr.verifiers.format`'s
+THINK_OPEN/THINK_CLOSE): the engine generates, and what a think block looks like belongs to
+the task and its verifier.
+
 Phase 1 samples the reasoning after `prompt + "<think>"`, at most `budget` tokens of it:
 
   * a row that writes `</think>` after at most `budget` reasoning tokens closed on its own;
@@ -32,7 +36,6 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.rollout.sampler import sample_completions
-from rlvr.verifiers.format import THINK_CLOSE, THINK_OPEN
 
 STOP_PHRASE = "\n"
 _DEFAULT_CONTEXT = 512  # positions assumed when the model does not say
@@ -58,11 +61,16 @@ def generate_with_thinking_budget(
     generator: torch.Generator | None = None,
     num_samples: int = 1,
     stop_phrase: str = STOP_PHRASE,
+    *,
+    think_open: str,
+    think_close: str,
 ) -> ThinkingBatch:
-    """Completions whose reasoning is at most `budget` tokens (module docstring)."""
+    """Completions whose reasoning is at most `budget` tokens (module docstring), the think
+    block opened by `think_open` and closed by `think_close` (a single token of the tokenizer).
+    """
     if budget is not None and budget < 0:
         raise ValueError(f"budget must be >= 0 or None, got {budget}")
-    close_id = tokenizer.convert_tokens_to_ids(THINK_CLOSE)
+    close_id = tokenizer.convert_tokens_to_ids(think_close)
     eos_id = tokenizer.eos_token_id
     rows = [p for p in prompts for _ in range(num_samples)]
     n = len(rows)
@@ -76,10 +84,10 @@ def generate_with_thinking_budget(
             limit = max(1, _context_left(model, tokenizer, prompts) - 1 - max_answer_tokens)
         else:
             limit = budget + 1
+        opened = [p + think_open for p in prompts]
         phase1 = sample_completions(
-            model, tokenizer, [p + THINK_OPEN for p in prompts], num_samples, limit,
-            temperature, generator,
-        )  # fmt: skip
+            model, tokenizer, opened, num_samples, limit, temperature, generator
+        )
         lengths = phase1.lengths.long().tolist()
         for i, ids in enumerate(phase1.completion_ids.tolist()):
             ids = ids[: lengths[i]]
@@ -93,17 +101,19 @@ def generate_with_thinking_budget(
 
     # --- phase 2: the answer after the (possibly forced) close -----------------------------
     heads = [
-        THINK_OPEN + tokenizer.decode(thinking[i]) + (stop_phrase if forced[i] and budget else "")
-        + THINK_CLOSE
+        think_open
+        + tokenizer.decode(thinking[i])
+        + (stop_phrase if forced[i] and budget else "")
+        + think_close
         for i in range(n)
-    ]  # fmt: skip
+    ]
     todo = [i for i in range(n) if ended[i] is None]
     answers: dict[int, tuple[str, int]] = {}
     if todo:
+        continued = [rows[i] + heads[i] for i in todo]
         phase2 = sample_completions(
-            model, tokenizer, [rows[i] + heads[i] for i in todo], 1, max_answer_tokens,
-            temperature, generator,
-        )  # fmt: skip
+            model, tokenizer, continued, 1, max_answer_tokens, temperature, generator
+        )
         for j, i in enumerate(todo):
             answers[i] = (phase2.completions[j], int(phase2.lengths[j]))
 
@@ -113,7 +123,7 @@ def generate_with_thinking_budget(
         if ended[i] is not None:
             ids = ended[i]
             text_ids = ids[:-1] if ids and ids[-1] == eos_id else ids
-            completions.append(THINK_OPEN + tokenizer.decode(text_ids))
+            completions.append(think_open + tokenizer.decode(text_ids))
             totals.append(1 + len(ids))
             thinking[i] = text_ids
         else:
@@ -129,6 +139,7 @@ def generate_with_thinking_budget(
 
 
 def _count_tokens(tokenizer, text: str) -> int:
+    """Tokens of `text` without the tokenizer's added special tokens."""
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

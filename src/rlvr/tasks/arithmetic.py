@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from rlvr.tasks.spec import TaskSpec, distinct_draws, draws_excluding
+from rlvr.verifiers import math as math_verifier
 
 ANSWER_MARKER = "####"
 OPERATIONS = ("+", "-")
@@ -175,7 +176,6 @@ def max_solution_chars(config: ArithmeticTaskConfig) -> int:
 
 def task_spec(config: ArithmeticTaskConfig, hedge_prob: float = 0.0) -> TaskSpec:
     """The arithmetic task as a `TaskSpec`: `flaw_prob` is the chance each carry is dropped."""
-    from rlvr.verifiers import math as math_verifier
 
     def corpus(seed: int, flaw_prob: float) -> Iterator[tuple[str, str]]:
         rng = random.Random(seed + 1)

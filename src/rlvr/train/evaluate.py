@@ -1,20 +1,36 @@
-"""Held-out accuracy: the fraction of sampled (or greedy) completions a verifier accepts."""
+"""Evaluation on held-out rows: accuracy (greedy or sampled pass@1), a pipeline stage's model
+per thinking mode, accuracy against a thinking budget, and the /think vs /no_think check.
+
+`thinking_budget_curve` evaluates held-out rows once per budget with
+`rlvr.rollout.thinking.generate_with_thinking_budget`; `think_mode_check` asks a model for each
+mode (`/think`, `/no_think`, untagged) and reports accuracy and how often it actually thought:
+what Qwen3's thinking-mode fusion is meant to make a switch. Their figure and table are
+`rlvr.report.plots.plot_thinking_budget` and `format_table`.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
+from rlvr.models.tiny import load_model
 from rlvr.rollout.sampler import sample_completions
+from rlvr.rollout.thinking import STOP_PHRASE, generate_with_thinking_budget
+from rlvr.tasks import reasoning
+from rlvr.tasks.spec import TaskSpec
+from rlvr.verifiers.format import THINK_CLOSE, THINK_OPEN
 from rlvr.workers import default_workers
+
+Score = Callable[[str, dict], float]
 
 
 def held_out_accuracy(
     model: torch.nn.Module,
     tokenizer,
     rows: list[dict[str, str]],
-    score: Callable[[str, dict], float],
+    score: Score,
     max_new_tokens: int,
     temperature: float = 0.0,
     num_samples: int = 1,
@@ -48,3 +64,165 @@ def held_out_accuracy(
         repeated = [r for r in chunk for _ in range(num_samples)]
         correct += sum(score(c, r) for c, r in zip(batch.completions, repeated, strict=True))
     return correct / (len(rows) * num_samples)
+
+
+# --- a pipeline stage's model, per thinking mode ------------------------------------------
+
+
+@torch.no_grad()
+def greedy_completions(
+    model: torch.nn.Module, tokenizer, rows: list[dict], max_new_tokens: int, batch: int = 256
+) -> list[str]:
+    """Greedy completions of `rows`' prompts."""
+    out: list[str] = []
+    for start in range(0, len(rows), batch):
+        prompts = [r["prompt"] for r in rows[start : start + batch]]
+        out += sample_completions(model, tokenizer, prompts, 1, max_new_tokens, 0.0).completions
+    return out
+
+
+def evaluate_stage_model(
+    model_dir: str, task: TaskSpec, modes: tuple[str, ...], seed: int, sampled: int = 4
+) -> dict[str, float]:
+    """Per thinking mode, on `task`'s held-out rows: greedy accuracy, sampled pass@1 at T = 1
+    (`sampled` completions per problem, seeded by `seed + 1`), readability (share of
+    digit-notation steps in the think block, mean over greedy completions), mean greedy
+    completion length in tokens (EOS excluded) and, when `no_think` is among the modes, the
+    share of completions that obey the mode (`obeys`: a well-formed empty think block for
+    /no_think, a non-empty one otherwise). `default` mode carries no suffix, other modes
+    `@mode` (e.g. accuracy@no_think)."""
+    model, tokenizer = load_model(model_dir)
+    result: dict[str, float] = {}
+    budget = task.max_new_tokens
+    for mode in modes:
+        rows = [
+            {**r, "prompt": reasoning.set_mode(r["prompt"], mode)} for r in task.held_out_rows()
+        ]
+        completions = greedy_completions(model, tokenizer, rows, budget)
+        suffix = "" if mode == "default" else f"@{mode}"
+        result[f"accuracy{suffix}"] = _mean(task.score(c, r) for c, r in zip(completions, rows))
+        result[f"sampled{suffix}"] = held_out_accuracy(
+            model,
+            tokenizer,
+            rows,
+            task.score,
+            budget,
+            temperature=1.0,
+            num_samples=sampled,
+            seed=seed + 1,
+        )
+        result[f"readability{suffix}"] = _mean(reasoning.readability(c) for c in completions)
+        result[f"length{suffix}"] = _mean(
+            len(tokenizer(c, add_special_tokens=False)["input_ids"]) for c in completions
+        )
+        if "no_think" in modes:  # obeying the mode only matters when it may not think
+            result[f"obeys{suffix}"] = _mean(
+                reasoning.follows_mode(r["prompt"], c) for c, r in zip(completions, rows)
+            )
+    return result
+
+
+def _mean(values: Iterable[float]) -> float:
+    """The mean of `values`, 0 when there are none."""
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+# --- thinking budget and thinking modes ---------------------------------------------------
+
+
+def thinking_budget_curve(
+    model: torch.nn.Module,
+    tokenizer,
+    rows: list[dict[str, Any]],
+    score: Score,
+    budgets: Sequence[int | None] = (0, 8, 16, 32, None),
+    max_answer_tokens: int = 8,
+    temperature: float = 0.0,
+    num_samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 256,
+    stop_phrase: str = STOP_PHRASE,
+) -> list[dict[str, Any]]:
+    """One point per budget: {budget, accuracy, thinking_tokens, total_tokens, forced_frac}.
+
+    Means are over `len(rows) * num_samples` completions; every budget samples from its own
+    generator seeded by `seed`, so points do not depend on which budgets come before.
+    `budget=None` is no budget. The think block is the verifiers' (`THINK_OPEN`/`THINK_CLOSE`).
+    """
+    per_call = max(1, batch_size // num_samples)
+    curve = []
+    for budget in budgets:
+        generator = torch.Generator().manual_seed(seed)
+        correct = thinking = total = forced = 0.0
+        for start in range(0, len(rows), per_call):
+            chunk = rows[start : start + per_call]
+            batch = generate_with_thinking_budget(
+                model,
+                tokenizer,
+                [r["prompt"] for r in chunk],
+                budget,
+                max_answer_tokens,
+                temperature,
+                generator,
+                num_samples=num_samples,
+                stop_phrase=stop_phrase,
+                think_open=THINK_OPEN,
+                think_close=THINK_CLOSE,
+            )
+            repeated = [r for r in chunk for _ in range(num_samples)]
+            correct += sum(score(c, r) for c, r in zip(batch.completions, repeated, strict=True))
+            thinking += sum(batch.thinking_tokens)
+            total += sum(batch.total_tokens)
+            forced += sum(batch.forced)
+        n = len(rows) * num_samples
+        curve.append(
+            {
+                "budget": budget,
+                "accuracy": correct / n,
+                "thinking_tokens": thinking / n,
+                "total_tokens": total / n,
+                "forced_frac": forced / n,
+            }
+        )
+    return curve
+
+
+def think_mode_check(
+    model: torch.nn.Module,
+    tokenizer,
+    rows: list[dict[str, Any]],
+    score: Score,
+    max_new_tokens: int,
+    modes: Sequence[str] = ("think", "no_think"),
+    temperature: float = 0.0,
+    num_samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 256,
+) -> dict[str, dict[str, float]]:
+    """Per mode: {accuracy, thinking_frac (non-empty think block), mean_tokens}.
+
+    Each row's prompt is re-tagged with the mode (`rlvr.tasks.reasoning.set_mode`).
+    """
+    per_call = max(1, batch_size // num_samples)
+    result = {}
+    for mode in modes:
+        generator = torch.Generator().manual_seed(seed)
+        correct = thought = tokens = 0.0
+        for start in range(0, len(rows), per_call):
+            chunk = rows[start : start + per_call]
+            prompts = [reasoning.set_mode(r["prompt"], mode) for r in chunk]
+            batch = sample_completions(
+                model, tokenizer, prompts, num_samples, max_new_tokens, temperature, generator
+            )
+            repeated = [r for r in chunk for _ in range(num_samples)]
+            correct += sum(score(c, r) for c, r in zip(batch.completions, repeated, strict=True))
+            thought += sum(bool(reasoning.split_think(c)[1].strip()) for c in batch.completions)
+            tokens += batch.lengths.sum().item()
+        n = len(rows) * num_samples
+        result[mode] = {
+            "accuracy": correct / n,
+            "thinking_frac": thought / n,
+            "mean_tokens": tokens / n,
+        }
+    return result

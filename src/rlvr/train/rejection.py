@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rlvr.models.chat import format_prompt
 from rlvr.rollout.sampler import sample_completions
 from rlvr.tasks.rewards import reward_columns, total_rewards
 
@@ -87,8 +88,6 @@ def rejection_sample(
     `accepted`, `prompts_with_kept`, `acceptance_rate` (accepted / sampled) and
     `reward_errors`.
     """
-    from rlvr.train.sft import format_prompt
-
     if config.num_samples < 1 or config.prompts_per_call < 1:
         raise ValueError("num_samples and prompts_per_call must be >= 1")
     if config.max_new_tokens is None or config.max_new_tokens < 1:
@@ -123,13 +122,19 @@ def rejection_sample(
             seen: set[str] = set()
             for j in group:
                 completion, reward = batch.completions[j], float(rewards[j])
-                stage = _stage(row, completion, reward, bool(batch.truncated[j]), seen, config,
-                               accept)  # fmt: skip
+                truncated = bool(batch.truncated[j])
+                stage = _stage(row, completion, reward, truncated, seen, config, accept)
                 counts[stage] += 1
                 if stage == "kept":
                     seen.add(normalize_whitespace(completion))
-                    kept.append({"prompt": row["prompt"], "completion": completion,
-                                 "reward": reward, **_columns_of(row)})  # fmt: skip
+                    kept.append(
+                        {
+                            "prompt": row["prompt"],
+                            "completion": completion,
+                            "reward": reward,
+                            **_columns_of(row),
+                        }
+                    )
             prompts_with_kept += bool(seen)
         bar.set_postfix(kept=counts["kept"])
     return kept, _summary(counts, len(rows), prompts_with_kept, errors)
@@ -166,6 +171,7 @@ def _columns_of(row: Row) -> Row:
 def _summary(
     counts: dict[str, int], prompts: int, prompts_with_kept: int, errors: int
 ) -> dict[str, Any]:
+    """The summary of `rejection_sample` from its stage counts."""
     sampled = sum(counts.values())
     accepted = sampled - counts["rejected"]
     return {

@@ -1,0 +1,153 @@
+"""The base model: a fresh tiny model "pretrained" by next-token prediction on a task's flawed
+corpus, the stand-in for a pretrained checkpoint. One cache serves the lab (`rlvr lab`/`train`)
+and a pipeline's `base` stage: a base is trained once per key, the hash of everything that
+determines its weights, and lives in `$RLVR_CACHE/base-KEY` (default ~/.cache/rlvr).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
+from rlvr.tasks.spec import TaskSpec
+from rlvr.train.sft import train_next_token
+
+BASE_FORMAT_VERSION = 1  # bump when the corpus or base training changes meaning
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    """How the base model is "pretrained" on a flawed corpus."""
+
+    flaw_prob: float = 0.65
+    """Chance of each realistic mistake in the corpus; for arithmetic, that each carry is
+    dropped (about half the solutions end wrong and the wrong procedure is the majority)."""
+    hedge_prob: float | None = None
+    """Arithmetic: chance that a corpus solution hedges between both procedures' answers
+    (`#### 715 or 825`), which a weak verifier pays for and a strict one does not. None: 0.1
+    with --verifier weak (so there is something to game), else 0."""
+    steps: int = 800
+    """Next-token training steps."""
+    batch_size: int = 16
+    """Solutions per step (800 steps of 16 learned to copy digits; 200 of 64 did not)."""
+    lr: float = 2e-3
+    """Peak AdamW learning rate (warm-up then cosine decay to a tenth)."""
+    seed: int = 0
+    """Seed of the initial weights and the corpus."""
+
+
+def cache_root(cache_dir: str | None) -> Path:
+    """Where base models are cached: `cache_dir`, else $RLVR_CACHE, else ~/.cache/rlvr."""
+    if cache_dir:
+        return Path(cache_dir)
+    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
+
+
+def resolved_hedge_prob(hedge_prob: float | None, verifier: str) -> float:
+    """`BaseConfig.hedge_prob` as a number: None is 0.1 when training on the weak verifier
+    (so there is something to game), else 0."""
+    if hedge_prob is not None:
+        return hedge_prob
+    return 0.1 if verifier == "weak" else 0.0
+
+
+def base_model_key(
+    task: str, task_config: object | None, tiny: TinyModelConfig, base: BaseConfig
+) -> str:
+    """Hash of everything that determines a base model's weights: the task's name (as
+    `rlvr.tasks.registry.build_task` takes it) and config (a dataclass for arithmetic and
+    reasoning, ignored for the others), the model's shape and the `BaseConfig` fields of
+    `base`, its `hedge_prob` resolved to a number."""
+    if base.hedge_prob is None:
+        raise ValueError("base_model_key: resolve hedge_prob first (resolved_hedge_prob)")
+    settings = {f.name: getattr(base, f.name) for f in dataclasses.fields(BaseConfig)}
+    # every key holds "arithmetic" (None unless the task is arithmetic), so the lab's keys
+    # from before the lab and the pipelines shared this cache still name the same bases
+    payload = {
+        "version": BASE_FORMAT_VERSION,
+        "task": task,
+        "arithmetic": None,
+        "tiny": dataclasses.asdict(tiny),
+        "base": settings,
+    }
+    if task in ("arithmetic", "reasoning"):
+        payload[task] = dataclasses.asdict(task_config)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def base_model_dir(
+    task: str,
+    task_config: object | None,
+    tiny: TinyModelConfig,
+    base: BaseConfig,
+    cache_dir: str | None = None,
+) -> Path:
+    """The cache directory of the base that `base_model_key` names."""
+    return cache_root(cache_dir) / f"base-{base_model_key(task, task_config, tiny, base)}"
+
+
+def cached_base_model(
+    task: str,
+    spec: TaskSpec,
+    task_config: object | None,
+    tiny: TinyModelConfig,
+    base: BaseConfig,
+    cache_dir: str | None = None,
+    progress: bool = True,
+) -> tuple[Path, bool]:
+    """(directory of the base model, whether it came from the cache) of task `task`, whose
+    spec is `spec` (built from `task_config`): trained by `train_cached_base` into
+    `base_model_dir` unless the cache has it. `base.hedge_prob` must be resolved."""
+    directory = base_model_dir(task, task_config, tiny, base, cache_dir)
+    cached = train_cached_base(
+        directory,
+        spec,
+        tiny,
+        seed=base.seed,
+        flaw_prob=base.flaw_prob,
+        steps=base.steps,
+        batch_size=base.batch_size,
+        lr=base.lr,
+        progress=progress,
+    )
+    return directory, cached
+
+
+def train_cached_base(
+    directory: Path,
+    task: TaskSpec,
+    shape: TinyModelConfig,
+    *,
+    seed: int,
+    flaw_prob: float,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    progress: bool,
+) -> bool:
+    """A tiny model "pretrained" on `task`'s flawed corpus, saved to `directory` unless a
+    complete one is there already; returns whether it was (the caller keys the directory by
+    everything that determines the weights)."""
+    if (directory / "config.json").exists():
+        return True
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(shape, tokenizer, seed=seed)
+    corpus = task.corpus(seed, flaw_prob)
+    train_next_token(
+        model, tokenizer, corpus, steps=steps, batch_size=batch_size, lr=lr, progress=progress
+    )
+    # write to a temporary name, then rename: a half-written base is never taken for a good one
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_model(model, tokenizer, tmp)
+    if directory.exists():
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(directory)
+    return False

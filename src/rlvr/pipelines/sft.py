@@ -1,0 +1,307 @@
+"""`rlvr sft`: fine-tune a model on (prompt, completion) pairs and write a run directory.
+
+The loss and the loop are `rlvr.train.sft` (`train_next_token`); this module chooses the data
+(a JSONL file, `rlvr.tasks.jsonl.load_pairs`, or a task's correct worked solutions from
+`rlvr.tasks.registry`), the model (a fresh tiny one or a local checkpoint, optionally with LoRA
+adapters), the held-out evaluation, and writes config.yaml, metrics.jsonl, loss_curve.png,
+summary.json and model/.
+
+- Chat template: each prompt goes through `rlvr.models.chat.format_prompt` (a user turn plus
+  the assistant's generation prompt when the tokenizer has a template); the completion follows
+  as plain text and ends with the tokenizer's EOS, which for chat checkpoints is the end-of-turn
+  token. The completion is not passed through the template, so a template that rewrites
+  assistant content (Qwen3 drops `<think>` blocks of earlier turns) cannot change what is
+  trained.
+- LoRA (`lora_rank > 0`, needs `peft`): adapters on every linear layer, merged into the weights
+  before saving, so the output is a plain Hugging Face directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlvr.models.chat import format_prompt
+from rlvr.models.tiny import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_model,
+    save_model,
+)
+from rlvr.report.plots import plot_loss_curve
+from rlvr.report.run_dir import RunDirectory
+from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.tasks.jsonl import Pair, load_pairs
+from rlvr.tasks.registry import build_task
+from rlvr.tasks.spec import TaskSpec
+from rlvr.train.evaluate import held_out_accuracy
+from rlvr.train.sft import completion_nll, shuffled_epochs, train_next_token
+
+Evaluator = Callable[[torch.nn.Module], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """`rlvr sft`: fine-tune on prompt/completion pairs; writes a run directory with model/."""
+
+    data: str | None = None
+    """A JSONL file of {"prompt": ..., "completion": ...} lines (e.g. `rlvr sample` output)."""
+    task: str | None = None
+    """Instead of --data: a task (arithmetic, code, tool, or FILE.jsonl with a "solution"
+    column) whose correct worked solutions are the pairs, an endless stream (needs --steps)."""
+    model: str = "tiny"
+    """A local Hugging Face model directory, or "tiny" for a fresh tiny model (--tiny.*)."""
+    run_dir: str = "runs/sft"
+    """The run directory to write (config.yaml, metrics.jsonl, loss_curve.png, summary.json,
+    model/)."""
+    overwrite: bool = False
+    """Replace an existing run directory."""
+    steps: int | None = None
+    """Optimizer steps. None: --epochs passes over --data."""
+    epochs: int = 1
+    """Passes over --data when --steps is None."""
+    batch_size: int = 16
+    """Pairs per step."""
+    lr: float | None = None
+    """Peak AdamW learning rate. None: 2e-3 for a fresh tiny model, 2e-4 with LoRA, else 1e-5."""
+    warmup_steps: int = 10
+    """Linear warm-up steps, then cosine decay to a tenth of --lr."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    max_length: int = 1024
+    """Longest prompt + completion in tokens; longer ones are cut on the right and counted."""
+    seed: int = 0
+    """Seed of a fresh model's weights, the data order and LoRA's initialisation."""
+    chat_template: bool = True
+    """Wrap each prompt as a user turn when the tokenizer has a chat template (real chat
+    checkpoints; the tiny tokenizer has none, so then prompt and completion are concatenated)."""
+    lora_rank: int = 0
+    """> 0: train LoRA adapters of this rank on every linear layer (pip install rlvr[lora]);
+    they are merged into the weights before saving."""
+    lora_alpha: float | None = None
+    """LoRA scaling numerator. None: 2 x --lora-rank."""
+    eval_data: str | None = None
+    """A JSONL of held-out pairs: their completion-token loss is logged as eval/loss."""
+    eval_rows: int = 64
+    """With --task: held-out problems graded (greedy) as eval/greedy_acc; 0 turns it off."""
+    eval_every: int = 0
+    """Evaluate every N steps as well as before and after training (0: before and after)."""
+    threads: int = 2
+    """CPU threads (torch.set_num_threads)."""
+    progress: bool = True
+    """Show a progress bar."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+
+
+def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig:
+    """Fill the derived fields (`steps` from epochs, the default `lr`) and check the rest."""
+    if (config.data is None) == (config.task is None):
+        raise ValueError("rlvr sft: pass exactly one of --data FILE.jsonl and --task NAME")
+    if config.steps is None and num_examples is None:
+        raise ValueError("rlvr sft --task streams endless pairs: pass --steps")
+    if config.batch_size < 1 or config.max_length < 2 or config.lora_rank < 0:
+        raise ValueError("batch_size must be >= 1, max_length >= 2 and lora_rank >= 0")
+    steps = config.steps
+    if steps is None:
+        steps = math.ceil(config.epochs * num_examples / config.batch_size)
+    if steps < 1:
+        raise ValueError(f"rlvr sft: {steps} steps; pass --steps or --epochs of at least 1")
+    lr = config.lr
+    if lr is None:
+        lr = 2e-4 if config.lora_rank > 0 else 2e-3 if config.model == "tiny" else 1e-5
+    return replace(config, steps=steps, lr=lr)
+
+
+def add_lora(model: torch.nn.Module, rank: int, alpha: float | None) -> torch.nn.Module:
+    """`model` with LoRA adapters on every linear layer (only they train); needs `peft`."""
+    try:
+        from peft import LoraConfig, get_peft_model  # optional: pip install rlvr[lora]
+    except ImportError:
+        raise ImportError(
+            "--lora-rank needs the peft package: pip install rlvr[lora] (or pip install peft)"
+        ) from None
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha or 2 * rank,
+        target_modules="all-linear",
+        lora_dropout=0.0,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def run_sft(
+    config: SFTConfig,
+    run_dir: str | Path | None = None,
+    evaluate: Evaluator | None = None,
+) -> Path:
+    """Fine-tune as `config` says; write the run directory and return its `model/` directory.
+
+    `run_dir` overrides `config.run_dir`. `evaluate(model) -> {name: value}` runs before
+    training, every `eval_every` steps and after; its values are logged as `eval/<name>`.
+    Without one, --eval-data gives eval/loss and --task gives eval/greedy_acc.
+    """
+    start = time.perf_counter()
+    task, pairs = None, None
+    if config.data is not None:
+        pairs = load_pairs(config.data)  # refused before any model loads
+    elif config.task is not None:
+        task = build_task(config.task, config.arithmetic, seed=config.seed)
+    config = resolve_sft_config(config, len(pairs) if pairs is not None else None)
+    config = replace(config, run_dir=str(run_dir or config.run_dir))
+    eval_pairs = load_pairs(config.eval_data) if config.eval_data else None
+    path = Path(config.run_dir)
+    run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
+    run.write_config(config)
+    torch.set_num_threads(config.threads)
+
+    # --- model ---------------------------------------------------------------------------------
+    model, tokenizer = _initial_model(config)
+    if evaluate is None:
+        evaluate = _default_evaluator(config, task, tokenizer, eval_pairs)
+
+    # --- data ----------------------------------------------------------------------------------
+    stream = (
+        (format_prompt(tokenizer, p, config.chat_template), c)
+        for p, c in _stream(config, pairs, task)
+    )
+
+    # --- train ---------------------------------------------------------------------------------
+    records: list[dict[str, Any]] = []
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        """Record one step's metrics, with the evaluation's where it is due."""
+        every = config.eval_every and step % config.eval_every == 0
+        due = step == 0 or step == config.steps or every
+        if evaluate is not None and due:
+            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
+        records.append({"step": step, **metrics})
+        run.log_metrics(records[-1])
+
+    if evaluate is not None:
+        log(0, {})
+    losses = train_next_token(
+        model,
+        tokenizer,
+        stream,
+        config.steps,
+        config.batch_size,
+        config.lr,
+        warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay,
+        max_length=config.max_length,
+        on_step=log,
+        progress=config.progress,
+        desc="sft",
+    )
+
+    # --- save and report -----------------------------------------------------------------------
+    if config.lora_rank > 0:
+        model = model.merge_and_unload()
+    save_model(model, tokenizer, run.model_path)
+    plot_loss_curve(records, run.path / "loss_curve.png")
+    summary = {
+        "model_dir": str(run.model_path),
+        "init_model": config.model,
+        "examples": len(pairs) if pairs is not None else None,
+        **_training_summary(config, losses, records),
+        "wall_seconds": time.perf_counter() - start,
+    }
+    run.write_summary(summary)
+    if config.progress:
+        print(f"[rlvr] sft: {json.dumps({k: summary[k] for k in _SHOWN})}", flush=True)
+    return run.model_path
+
+
+_SHOWN = (
+    "steps",
+    "first_loss",
+    "last_loss",
+    "truncated_sequences",
+    "eval_before",
+    "eval_after",
+    "model_dir",
+)
+
+
+def _initial_model(config: SFTConfig) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) to fine-tune: a fresh tiny model or `config.model`'s checkpoint, with
+    LoRA adapters when `config.lora_rank > 0`; torch's RNG seeded by `config.seed`."""
+    if config.model == "tiny":
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_model(config.tiny, tokenizer, seed=config.seed)
+    else:
+        model, tokenizer = load_model(config.model)
+    torch.manual_seed(config.seed)
+    if config.lora_rank > 0:
+        model = add_lora(model, config.lora_rank, config.lora_alpha)
+    return model, tokenizer
+
+
+def _training_summary(
+    config: SFTConfig, losses: list[float], records: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The summary's training fields: steps, losses, tokens, truncation and the evaluations
+    before and after."""
+    evals = [r for r in records if any(k.startswith("eval/") for k in r)]
+    tail = losses[-max(1, len(losses) // 10) :]
+    return {
+        "steps": config.steps,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "mean_loss_last_tenth": sum(tail) / len(tail) if losses else None,
+        "completion_tokens": int(sum(r.get("tokens/completion", 0) for r in records)),
+        "truncated_sequences": int(sum(r.get("data/truncated", 0) for r in records)),
+        "eval_before": _evals_of(evals[0]) if evals else {},
+        "eval_after": _evals_of(evals[-1]) if evals else {},
+        "lora_rank": config.lora_rank,
+    }
+
+
+def _evals_of(record: dict[str, Any]) -> dict[str, float]:
+    """The `eval/` values of a metrics record, without the prefix."""
+    return {k.removeprefix("eval/"): v for k, v in record.items() if k.startswith("eval/")}
+
+
+def _default_evaluator(
+    config: SFTConfig, task: TaskSpec | None, tokenizer, eval_pairs: list[Pair] | None
+) -> Evaluator | None:
+    """eval/loss on --eval-data and eval/greedy_acc on the task's held-out rows, if asked for."""
+    rows = task.held_out_rows()[: config.eval_rows] if task is not None else []
+    if not rows and not eval_pairs:
+        return None
+    template = config.chat_template
+    formatted = [(format_prompt(tokenizer, p, template), c) for p, c in eval_pairs or []]
+    prompted = [{**r, "prompt": format_prompt(tokenizer, r["prompt"], template)} for r in rows]
+
+    def evaluate(model: torch.nn.Module) -> dict[str, float]:
+        """Held-out loss and/or greedy accuracy of `model`."""
+        out = {}
+        if formatted:
+            out["loss"] = completion_nll(
+                model, tokenizer, formatted, config.batch_size, config.max_length
+            )
+        if prompted:
+            out["greedy_acc"] = held_out_accuracy(
+                model, tokenizer, prompted, task.score, task.max_new_tokens
+            )
+        return out
+
+    return evaluate
+
+
+def _stream(config: SFTConfig, pairs: list[Pair] | None, task: TaskSpec | None) -> Iterator[Pair]:
+    """The training pairs: seeded epochs over `pairs`, or the task's correct worked solutions
+    (its corpus at flaw_prob 0)."""
+    if pairs is not None:
+        return shuffled_epochs(pairs, config.seed)
+    return task.corpus(config.seed, 0.0)
