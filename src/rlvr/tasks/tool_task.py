@@ -191,8 +191,9 @@ def _check_config(config: ToolTaskConfig) -> None:
 def held_out_problems(config: ToolTaskConfig) -> list[Problem]:
     """The fixed held-out set: `held_out_size` distinct problems drawn from `held_out_seed`."""
     _check_config(config)
-    return distinct_draws(_draw_problem, attrgetter("key"), config.held_out_size,
-                          config.held_out_seed)  # fmt: skip
+    return distinct_draws(
+        _draw_problem, attrgetter("key"), config.held_out_size, config.held_out_seed
+    )
 
 
 def train_problems(config: ToolTaskConfig, seed: int | str) -> Iterator[Problem]:
