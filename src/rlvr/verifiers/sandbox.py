@@ -5,7 +5,7 @@ Sandbox policy
 One sandbox is one fresh interpreter (``python -s -S -B``: no site, no user site, no bytecode
 files, ``''`` and the working directory removed from ``sys.path``; the environment is replaced
 by a minimal one, so ``-E`` is not needed and ``PYTHONHASHSEED=0`` makes runs reproducible).
-A small trusted *harness* (``_HARNESS`` below) sets the protections up and becomes the
+A small trusted *harness* (`rlvr.verifiers.sandbox_harness`) sets the protections up and becomes the
 *manager*: for each payload it forks a fresh *child*, which applies the per-process limits,
 drops to an unprivileged user, and only then calls the caller's *driver*
 (``main(payload, emit)``); the driver runs the untrusted code. The manager never runs untrusted
@@ -66,7 +66,11 @@ import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from importlib import resources
 from typing import Any
+
+from rlvr.verifiers.sandbox_harness import DONE, MESSAGE, SETUP, SETUP_ERROR, STARTED
+from rlvr.verifiers.sandbox_probe import CHECKS
 
 __all__ = [
     "SandboxLimits",
@@ -156,498 +160,44 @@ class SandboxResult:
 
 
 # --------------------------------------------------------------------------------------------
-# The harness: runs in the child process tree, first as the caller's user. It is passed with
-# -c; the job arrives on stdin as JSON. Standard library only; nothing from rlvr.
-#
-#   outer harness (host PID namespace; SIGTERM kills the manager, exits as it did)
-#     └─ manager (PID 1 of the new namespace, trusted: never runs untrusted code; privileged)
-#          └─ one child per payload: rlimits, unprivileged uid, no capabilities, no_new_privs,
-#             then the driver with the payload; its results go to a pipe only the manager reads
-#
-# Without a PID namespace the outer harness is the manager.
+# Child code: the harness (sandbox_harness.py) and the probe's driver (sandbox_probe.py) are
+# ordinary stdlib-only modules of this package; their source is read from the installed files.
 # --------------------------------------------------------------------------------------------
 
-_HARNESS = r'''
-import json, os, signal, sys, time
-sys.path[:] = [p for p in sys.path if p not in ("", ".") and p != os.getcwd()]
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 
-def read_job():
-    chunks = []
-    while True:
-        chunk = os.read(0, 1 << 20)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    fd = os.open("/dev/null", os.O_RDWR)
-    os.dup2(fd, 0)
-    os.close(fd)
-    return json.loads(b"".join(chunks))
-
-job = read_job()
-RFD = job["result_fd"]
-PREFIX = job["nonce"].encode()
-LIMITS = job["limits"]
-UID = job["uid"]  # a private uid (root only), or None
-report = {}
-_libc = None
-
-def write_all(fd, data):
-    data = memoryview(data)
-    while data:
-        data = data[os.write(fd, data):]
-
-def emit(message):
-    write_all(RFD, PREFIX + json.dumps(message, separators=(",", ":")).encode() + b"\n")
-
-def libc():
-    global _libc
-    if _libc is None:
-        import ctypes
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-def check(result):
-    if result != 0:
-        import ctypes
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-def unshare(flags):
-    if hasattr(os, "unshare"):
-        os.unshare(flags)
-    else:
-        check(libc().unshare(flags))
-
-def mount(source, target, fstype, flags, data=None):
-    import ctypes
-    enc = lambda s: None if s is None else s.encode()
-    check(libc().mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)))
-
-def prctl(option, value):
-    import ctypes
-    check(libc().prctl(option, ctypes.c_ulong(value), 0, 0, 0))
-
-def step(name, fn, *needs):
-    """Apply one protection if asked; probe mode records failures, run mode fails closed."""
-    if not job["steps"].get(name):
-        return False
-    if any(not report.get(n) for n in needs):
-        report[name] = False
-        report[name + "_error"] = "needs " + ",".join(needs)
-        return False
-    try:
-        fn()
-    except BaseException as exc:
-        report[name] = False
-        report[name + "_error"] = repr(exc)[:300]
-        if not job["probe"]:
-            emit(["setup_error", name, repr(exc)[:300]])
-            os._exit(121)
-        return False
-    report[name] = True
-    return True
-
-# --- namespaces (outer harness) ------------------------------------------------------------
-
-def user_namespace():
-    uid, gid = os.getuid(), os.getgid()
-    unshare(CLONE_NEWUSER)
-    for path, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
-                       ("gid_map", "%d %d 1" % (gid, gid))):
-        with open("/proc/self/" + path, "w") as f:
-            f.write(text)
-
-step("user_namespace", user_namespace)
-step("network_namespace", lambda: unshare(CLONE_NEWNET))
-step("mount_namespace", lambda: (unshare(CLONE_NEWNS), mount(None, "/", None, MS_REC | MS_PRIVATE)))
-step("ipc_namespace", lambda: unshare(CLONE_NEWIPC))
-step("uts_namespace", lambda: unshare(CLONE_NEWUTS))
-
-def wait_child(pid):
-    while True:
-        try:
-            return os.wait4(pid, 0)
-        except InterruptedError:
-            continue
-
-def exit_like(status):
-    if os.WIFSIGNALED(status):
-        os._exit(128 + os.WTERMSIG(status))
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-
-def pid_namespace():
-    unshare(CLONE_NEWPID)
-    pid = os.fork()  # the child is PID 1 of the new namespace: the manager
-    if pid:
-        os.close(RFD)
-        signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
-        try:
-            exit_like(wait_child(pid)[1])
-        except ChildProcessError:
-            os._exit(120)
-
-step("pid_namespace", pid_namespace)
-IN_PIDNS = bool(report.get("pid_namespace")) and os.getpid() == 1
-# Without a PID namespace the manager finds leftovers through the host's /proc, which a private
-# root hides: keep a handle on it (closed in every child before anything else runs there).
-PROC_FD = None
-if not IN_PIDNS and UID is not None:
-    PROC_FD = os.open("/proc", os.O_RDONLY | os.O_DIRECTORY)
-
-# --- private root (manager) -----------------------------------------------------------------
-
-def bind(root, path, readonly=True):
-    inner = root + path
-    if os.path.isdir(path):
-        os.makedirs(inner, mode=0o755, exist_ok=True)
-    else:
-        open(inner, "a").close()
-    mount(path, inner, None, MS_BIND | MS_REC)
-    flags = MS_REMOUNT | MS_BIND | MS_NOSUID | (MS_RDONLY if readonly else 0)
-    mount(None, inner, None, flags)
-
-def chroot():
-    root = job["root"]
-    size = "size=%dm,nr_inodes=4096,mode=755" % LIMITS["tmpfs_mb"]
-    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, size)
-    for link, target in job["symlinks"]:
-        os.makedirs(os.path.dirname(root + link), mode=0o755, exist_ok=True)
-        os.symlink(target, root + link)
-    for path in job["binds"]:
-        bind(root, path)
-    os.makedirs(root + "/dev", mode=0o755)
-    for name in ("null", "zero", "random", "urandom"):
-        bind(root, "/dev/" + name, readonly=False)
-    if IN_PIDNS:
-        os.makedirs(root + "/proc", mode=0o555)
-        mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        os.symlink("/proc/self/fd", root + "/dev/fd")
-    for path, mode in (("/work", 0o700), ("/tmp", 0o1777), ("/dev/shm", 0o1777)):
-        os.makedirs(root + path, exist_ok=True)
-        os.chmod(root + path, mode)
-    if UID is not None:
-        os.chown(root + "/work", UID, UID)
-    os.chroot(root)
-    os.chdir("/work")
-
-if step("chroot", chroot, "mount_namespace"):
-    SCRATCH = ["/work", "/tmp", "/dev/shm"]
-else:
-    os.chdir(job["workdir"])
-    SCRATCH = [job["workdir"]]
-
-# --- cleaning up between children (manager) -------------------------------------------------
-
-def reap_all(block):
-    while True:
-        try:
-            if os.waitpid(-1, 0 if block else os.WNOHANG)[0] == 0:
-                return
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
-
-def sweep_uid(uid):
-    """SIGKILL every process of ``uid`` (a /proc scan) and reap our children, until none is left."""
-    for _ in range(500):
-        alive = []
-        for name in os.listdir(PROC_FD):
-            if name.isdigit():
-                try:
-                    fd = os.open(name + "/status", os.O_RDONLY, dir_fd=PROC_FD)
-                    try:
-                        status = os.read(fd, 1 << 16)
-                    finally:
-                        os.close(fd)
-                    fields = dict(l.split(b":", 1) for l in status.splitlines() if b":" in l)
-                    zombie = fields[b"State"].strip().startswith(b"Z")
-                    if int(fields[b"Uid"].split()[0]) == uid and not zombie:
-                        alive.append(int(name))
-                except (OSError, KeyError, ValueError, IndexError):
-                    pass
-        for pid in alive:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        reap_all(False)
-        if not alive:
-            return
-        time.sleep(0.002)
-
-def kill_leftovers(child):
-    """Kill whatever the last child left running. kill(-1) only as PID 1 of our namespace."""
-    if IN_PIDNS:
-        try:
-            os.kill(-1, signal.SIGKILL)  # every process of this namespace but its init (us)
-        except OSError:
-            pass
-        reap_all(True)
-    elif UID is not None:
-        try:
-            sweep_uid(UID)
-        except OSError:
-            pass  # the parent sweeps again at the end
-    else:  # the child's group was killed before the child was reaped (run_one): reap it
-        while True:
-            try:
-                os.waitpid(-child, 0)
-            except ChildProcessError:
-                break
-            except InterruptedError:
-                continue
-        reap_all(False)
-
-def clear_dir(path):
-    try:
-        entries = list(os.scandir(path))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            if entry.is_dir(follow_symlinks=False):
-                clear_dir(entry.path)
-                os.rmdir(entry.path)
-            else:
-                os.unlink(entry.path)
-        except OSError:
-            pass
-
-if not IN_PIDNS:
-    try:
-        prctl(36, 1)  # PR_SET_CHILD_SUBREAPER: orphans of the children come back here to be reaped
-    except OSError:
-        pass
-
-# --- a child: drop privileges, run the driver -------------------------------------------------
-
-def rlimits():
-    import resource
-    mb = 1 << 20
-    for name, value in (("RLIMIT_CPU", (LIMITS["cpu_s"], LIMITS["cpu_s"] + 1)),
-                        ("RLIMIT_AS", (LIMITS["memory_mb"] * mb,) * 2),
-                        ("RLIMIT_NPROC", (LIMITS["nproc"],) * 2),
-                        ("RLIMIT_FSIZE", (LIMITS["fsize_mb"] * mb,) * 2),
-                        ("RLIMIT_NOFILE", (LIMITS["nofile"],) * 2),
-                        ("RLIMIT_CORE", (0, 0))):
-        resource.setrlimit(getattr(resource, name), value)
-
-def unprivileged_user():
-    os.setgroups([])
-    os.setresgid(UID, UID, UID)
-    os.setresuid(UID, UID, UID)
-    if os.getuid() != UID or os.geteuid() != UID:
-        raise OSError("uid did not change")
-
-def drop_capabilities():
-    import ctypes
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable x 2: all empty
-    check(libc().capset(header, data))
-
-DRIVER = compile(job["driver"], "<driver>", "exec")
-
-def child(payload, write_fd):
-    if PROC_FD is not None:
-        os.close(PROC_FD)  # a directory outside the private root: never in untrusted hands
-    if not IN_PIDNS and UID is None:
-        os.setpgid(0, 0)  # the manager's only handle on what it leaves; see kill_leftovers
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    step("rlimits", rlimits)
-    step("unprivileged_user", unprivileged_user)
-    step("drop_capabilities", drop_capabilities)
-    step("no_new_privs", lambda: (prctl(38, 1), prctl(1, 9)))  # NO_NEW_PRIVS; PDEATHSIG=SIGKILL
-    if job["probe"]:
-        emit(["setup", report])
-    os.close(RFD)  # from here on only the private pipe: the manager relays what it says
-    def out(message):
-        write_all(write_fd, json.dumps(message, separators=(",", ":")).encode() + b"\n")
-    scope = {"__name__": "__sandbox_driver__"}
-    exec(DRIVER, scope)
-    scope["main"](payload, out)
-
-# --- the manager: one fresh child per payload ---------------------------------------------------
-
-current = []
-
-def on_term(*_):
-    for pid in current:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    if current:
-        kill_leftovers(current[0])
-    os._exit(143)
-
-signal.signal(signal.SIGTERM, on_term)
-stop_marker = job["stop_marker"]
-
-def run_one(index, payload):
-    import select
-    read_fd, write_fd = os.pipe()
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_fd)
-            child(payload, write_fd)
-        except BaseException:
-            os._exit(1)
-        os._exit(0)
-    current.append(pid)
-    os.close(write_fd)
-    try:
-        pidfd = os.pidfd_open(pid)
-    except (AttributeError, OSError):
-        pidfd = None
-    poller = select.poll()
-    poller.register(read_fd, select.POLLIN)
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
-    deadline = start + LIMITS["wall_s"]
-    head = b'["m",%d,' % index
-    state = {"buffer": b"", "total": 0, "marker": stop_marker is None}
-
-    def feed(data):
-        """Relay complete lines, tagged with the payload's index; False once over the cap."""
-        state["total"] += len(data)
-        if state["total"] > LIMITS["result_bytes"]:
-            return False
-        lines = (state["buffer"] + data).split(b"\n")
-        state["buffer"] = lines.pop()
-        for line in lines:
-            if not state["marker"] and len(line) < 200:
-                try:
-                    state["marker"] = json.loads(line) == stop_marker
-                except ValueError:
-                    pass
-            write_all(RFD, PREFIX + head + line + b"]\n")
-        return True
-
-    timed_out = overflow = exited = False
-    while not exited:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        wait_ms = remaining * 1000 if pidfd is not None else min(remaining * 1000, 5)
-        for fd, _ in poller.poll(max(wait_ms, 0)):
-            if fd == pidfd:
-                exited = True
-            elif not overflow:
-                data = os.read(read_fd, 1 << 16)
-                if not data:
-                    poller.unregister(read_fd)
-                overflow = not feed(data)
-        if pidfd is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
-            exited = True
-        if overflow:
-            break
-    if exited and not overflow:
-        # what the child wrote before it exited; a descendant may still hold the pipe open
-        os.set_blocking(read_fd, False)
-        while not overflow:
-            try:
-                data = os.read(read_fd, 1 << 16)
-            except BlockingIOError:
-                break
-            if not data:
-                break
-            overflow = not feed(data)
-    saw_marker = state["marker"]
-    if not exited:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    if not IN_PIDNS and UID is None:
-        try:  # while the child is unreaped its pid (= its group's id) cannot be reused
-            os.killpg(pid, signal.SIGKILL)  # the child's own group; escapes are possible here
-        except OSError:
-            pass
-    _, status, usage = wait_child(pid)
-    wall = time.monotonic() - start
-    current.clear()
-    os.close(read_fd)
-    if pidfd is not None:
-        os.close(pidfd)
-    kill_leftovers(pid)
-    for path in SCRATCH:
-        clear_dir(path)
-    signaled = os.WIFSIGNALED(status)
-    code = 128 + os.WTERMSIG(status) if signaled else os.waitstatus_to_exitcode(status)
-    info = {"status": code, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall,
-            "timed_out": timed_out, "overflow": overflow}
-    return info, saw_marker
-
-if job["probe"]:
-    emit(["setup", report])
-emit(["started"])
-for index, payload in enumerate(job["payloads"]):
-    info, saw_marker = run_one(index, payload)
-    emit(["done", index, info])
-    if not saw_marker:
-        break
-os._exit(0)
-'''
-
-# The probe's driver: checks from inside what the setup report claims.
-_PROBE_DRIVER = r"""
-def main(payload, emit):
-    import os, socket
-    checks = {"uid": os.getuid(), "etc_visible": os.path.exists("/etc/passwd")}
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(0.5)
-    try:
-        s.connect(("127.0.0.1", 9))  # loopback only; refused means the host stack is visible
-        checks["loopback"] = "connected"
-    except OSError as exc:
-        checks["loopback"] = "refused" if exc.errno == 111 else "unreachable"
-    finally:
-        s.close()
-    try:
-        import collections, decimal, fractions, functools, heapq, itertools, math, random
-        import re, statistics, string, bisect, datetime, json, ctypes
-        checks["stdlib"] = True
-    except Exception as exc:
-        checks["stdlib"] = False
-        checks["stdlib_error"] = repr(exc)[:300]
-    try:
-        pid = os.fork()
-        if pid == 0:
-            os._exit(7)
-        checks["fork"] = os.waitpid(pid, 0)[1] >> 8 == 7
-    except OSError:
-        checks["fork"] = False
-    emit(["checks", checks])
-"""
+def module_source(module: str) -> str:
+    """The source of a module of this package (child code is sent to sandboxes as source)."""
+    return resources.files(__package__).joinpath(module + ".py").read_text(encoding="utf-8")
 
 
 # Reads the harness as bytecode from stdin (compiled once per trainer process, by the same
-# interpreter version), then the job. Saves compiling the harness in every sandbox.
-_BOOTSTRAP = """
+# interpreter version), then the job. Saves compiling the harness in every sandbox. The
+# harness runs as __main__, so its main() runs.
+_HEADER_DIGITS = 16  # the harness's length, in ASCII digits, comes first
+_EXIT_SHORT_READ = 122  # stdin ended before the harness had arrived
+_BOOTSTRAP = f"""
 import marshal, os
 def _read(n):
     data = b""
     while len(data) < n:
         chunk = os.read(0, n - len(data))
         if not chunk:
-            os._exit(122)
+            os._exit({_EXIT_SHORT_READ})
         data += chunk
     return data
-exec(marshal.loads(_read(int(_read(16)))))
+exec(marshal.loads(_read(int(_read({_HEADER_DIGITS})))))
 """
 
 
 @functools.lru_cache(maxsize=1)
 def _harness_bytecode() -> bytes:
-    return marshal.dumps(compile(_HARNESS, "<sandbox-harness>", "exec"))
+    """The harness compiled once per process (the sandbox's interpreter is this one)."""
+    return marshal.dumps(compile(module_source("sandbox_harness"), "<sandbox-harness>", "exec"))
+
+
+@functools.lru_cache(maxsize=1)
+def _probe_driver() -> str:
+    return module_source("sandbox_probe")
 
 
 def _python_executable() -> str:
@@ -816,7 +366,9 @@ def _run(
                 "stop_marker": stop_marker,
             }
             harness = _harness_bytecode()
-            job_bytes = b"%016d" % len(harness) + harness + json.dumps(job).encode()
+            job_bytes = (
+                b"%0*d" % (_HEADER_DIGITS, len(harness)) + harness + json.dumps(job).encode()
+            )
             proc = subprocess.Popen(
                 [_python_executable(), "-s", "-S", "-B", "-c", _BOOTSTRAP],
                 stdin=subprocess.PIPE,
@@ -906,6 +458,77 @@ def _finish(proc: subprocess.Popen, uid: int | None, result: SandboxResult) -> b
     return escalated
 
 
+class _Exchange:
+    """The parent's ends of one sandbox's pipes: the job going in, stderr and results coming out."""
+
+    def __init__(
+        self, job_bytes: bytes, prefix: bytes, limits: SandboxLimits, result: SandboxResult
+    ) -> None:
+        self.pending = memoryview(job_bytes)
+        self.prefix = prefix
+        self.limits = limits
+        self.result = result
+        self.buffer = bytearray()
+        self.stderr = bytearray()
+        self.total = 0
+        # each run has its own limits inside; the pipe carries at most this much (plus framing)
+        self.cap = (limits.result_bytes + 4096) * max(len(result.runs), 1) + (1 << 20)
+        self.begin = time.monotonic()
+        self.deadline = self.begin + limits.startup_s  # until the manager reports STARTED
+        self.started_at: float | None = None
+
+    def on_event(self, key: selectors.SelectorKey, sel: selectors.BaseSelector, stdin: Any) -> bool:
+        """Handle one ready pipe; False if the result pipe went over its cap."""
+        if key.data == "stdin":
+            self.write_job(key.fd, sel, stdin)
+            return True
+        try:
+            chunk = os.read(key.fd, 1 << 16)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            sel.unregister(key.fd)
+            return True
+        if key.data == "stderr":
+            self.stderr += chunk[: max(self.limits.stderr_bytes - len(self.stderr), 0)]
+            return True
+        return self.on_results(chunk)
+
+    def write_job(self, fd: int, sel: selectors.BaseSelector, stdin: Any) -> None:
+        """Write what the pipe takes of the job; close stdin when all of it is written."""
+        try:
+            self.pending = self.pending[os.write(fd, self.pending) :]
+        except OSError:
+            self.pending = self.pending[len(self.pending) :]
+        if not self.pending:
+            sel.unregister(fd)
+            stdin.close()
+
+    def on_results(self, chunk: bytes) -> bool:
+        """Take in result-pipe bytes, line by line; False once over the cap."""
+        self.total += len(chunk)
+        if self.total > self.cap:  # cannot happen with an honest manager
+            return False
+        self.buffer += chunk
+        if b"\n" not in chunk:
+            return True  # a long line still arriving: split only when it ends
+        *lines, rest = bytes(self.buffer).split(b"\n")
+        self.buffer = bytearray(rest)
+        for line in lines:
+            self.on_line(line)
+        return True
+
+    def on_line(self, line: bytes) -> None:
+        """One result line: STARTED moves the deadline to the backstop; others are recorded."""
+        message = _decode_line(line, self.prefix)
+        if message == [STARTED] and self.started_at is None:
+            self.started_at = time.monotonic()
+            backstop = len(self.result.runs) * (self.limits.wall_s + 1.0) + 5.0
+            self.deadline = self.started_at + backstop
+        elif not _accept(message, self.result):
+            self.result.bad_lines += 1
+
+
 def _communicate(
     proc: subprocess.Popen,
     job_bytes: bytes,
@@ -921,68 +544,26 @@ def _communicate(
     sel.register(proc.stdin.fileno(), selectors.EVENT_WRITE, "stdin")
     sel.register(proc.stderr.fileno(), selectors.EVENT_READ, "stderr")
     sel.register(read_fd, selectors.EVENT_READ, "result")
-    pending = memoryview(job_bytes)
-    buffer = bytearray()
-    stderr = bytearray()
-    total = 0
-    # each run has its own limits inside; the pipe carries at most this much (plus framing)
-    cap = (limits.result_bytes + 4096) * max(len(result.runs), 1) + (1 << 20)
-    begin = time.monotonic()
-    deadline = begin + limits.startup_s
-    started_at: float | None = None
+    exchange = _Exchange(job_bytes, prefix, limits, result)
     try:
         while sel.get_map():
             now = time.monotonic()
-            if now >= deadline:
+            if now >= exchange.deadline:
                 result.timed_out = True
                 break
             exited = _wait(proc, result, 0.0)
-            events = sel.select(timeout=min(deadline - now, 0.05 if exited else 1.0))
+            events = sel.select(timeout=min(exchange.deadline - now, 0.05 if exited else 1.0))
             if not events and exited:
                 break  # the harness is gone; a leftover may still hold a pipe: stop here
             for key, _ in events:
-                fd = key.fd
-                if key.data == "stdin":
-                    try:
-                        pending = pending[os.write(fd, pending) :]
-                    except OSError:
-                        pending = pending[len(pending) :]
-                    if not pending:
-                        sel.unregister(fd)
-                        proc.stdin.close()
-                    continue
-                try:
-                    chunk = os.read(fd, 1 << 16)
-                except OSError:
-                    chunk = b""
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                if key.data == "stderr":
-                    stderr += chunk[: max(limits.stderr_bytes - len(stderr), 0)]
-                    continue
-                total += len(chunk)
-                if total > cap:  # cannot happen with an honest manager
+                if not exchange.on_event(key, sel, proc.stdin):
                     result.setup_error = "result pipe over its cap"
                     return
-                buffer += chunk
-                if b"\n" not in chunk:
-                    continue  # a long line still arriving: split only when it ends
-                *lines, rest = bytes(buffer).split(b"\n")
-                buffer = bytearray(rest)
-                for line in lines:
-                    message = _decode_line(line, prefix)
-                    if message == ["started"] and started_at is None:
-                        started_at = time.monotonic()
-                        backstop = len(result.runs) * (limits.wall_s + 1.0) + 5.0
-                        deadline = started_at + backstop
-                    elif not _accept(message, result):
-                        result.bad_lines += 1
     finally:
         sel.close()
-        result.started = started_at is not None
-        result.wall_s = time.monotonic() - begin
-        result.stderr = stderr.decode("utf-8", "replace")
+        result.started = exchange.started_at is not None
+        result.wall_s = time.monotonic() - exchange.begin
+        result.stderr = exchange.stderr.decode("utf-8", "replace")
 
 
 def _accept(message: Any, result: SandboxResult) -> bool:
@@ -990,12 +571,12 @@ def _accept(message: Any, result: SandboxResult) -> bool:
     if not isinstance(message, list) or not message or not isinstance(message[0], str):
         return False
     kind, runs = message[0], result.runs
-    if kind in ("m", "done") and len(message) == 3:
+    if kind in (MESSAGE, DONE) and len(message) == 3:
         index = message[1]
         if not isinstance(index, int) or not 0 <= index < len(runs):
             return False
         run = runs[index]
-        if kind == "m":
+        if kind == MESSAGE:
             run.messages.append(message[2])
             return True
         info = message[2]
@@ -1010,10 +591,10 @@ def _accept(message: Any, result: SandboxResult) -> bool:
         if isinstance(run.returncode, int) and run.returncode > 128:
             run.signal = run.returncode - 128
         return True
-    if kind == "setup" and len(message) == 2 and isinstance(message[1], dict):
+    if kind == SETUP and len(message) == 2 and isinstance(message[1], dict):
         result.setup.update(message[1])
         return True
-    if kind == "setup_error":
+    if kind == SETUP_ERROR:
         result.setup_error = f"{message[1:2]}: {message[2:3]}"
         return True
     return False
@@ -1049,8 +630,8 @@ def _wanted_steps() -> dict[str, bool]:
 
 def _probe_once(steps: dict[str, bool]) -> tuple[dict[str, bool], dict[str, Any], str]:
     limits = SandboxLimits(wall_s=10.0, cpu_s=10)
-    res = _run(_PROBE_DRIVER, [None], limits, steps, probe=True)
-    checks = next((m[1] for m in res.messages if isinstance(m, list) and m[0] == "checks"), {})
+    res = _run(_probe_driver(), [None], limits, steps, probe=True)
+    checks = next((m[1] for m in res.messages if isinstance(m, list) and m[0] == CHECKS), {})
     caps = {name: bool(res.setup.get(name)) for name in PROTECTIONS}
     caps["process_group"] = res.session_id > 0
     # Confirm from inside what the harness claims.
