@@ -145,6 +145,7 @@ def _family(measure: str) -> str:
 
 
 def _family_order(family: str) -> int:
+    """Panel order: accuracy, readability, obeys, length, then any other measure."""
     order = ("accuracy", "readability", "obeys", "length")
     return order.index(family) if family in order else len(order)
 

@@ -131,6 +131,7 @@ def _check_fields(row: Row, required: Sequence[str], path: Path, number: int) ->
 
 
 def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type (for error messages)."""
     if isinstance(value, bool):
         return "boolean"
     if isinstance(value, (int, float)):
@@ -185,6 +186,7 @@ def task_spec(path: str | Path, held_out_fraction: float = 0.1, seed: int = 0) -
     train, held_out = split_rows(rows, held_out_fraction, seed)
 
     def train_rows(seed: int) -> Iterator[Row]:
+        """Endless passes over the training rows, each in a fresh seeded order."""
         order = random.Random(seed)
         while True:
             shuffled = train[:]
@@ -192,6 +194,7 @@ def task_spec(path: str | Path, held_out_fraction: float = 0.1, seed: int = 0) -
             yield from shuffled
 
     def corpus(seed: int, flaw_prob: float) -> Iterator[Pair]:
+        """The training rows' (prompt, solution) pairs, repeated without end (no flaws)."""
         if not all("solution" in r for r in train):
             raise ValueError(
                 f"{path}: rows have no 'solution' column to train a base model on; "
