@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from rlvr.verifiers import math as math_verifier
+from rlvr.verifiers import math_symbolic
 from rlvr.verifiers.math import (
     REASONS,
     extract_final_answer,
@@ -393,7 +394,7 @@ def test_plain_numbers_never_reach_sympy(monkeypatch: pytest.MonkeyPatch) -> Non
     def fail(*args: object) -> str:
         raise AssertionError("the fast path must not call the symbolic worker")
 
-    monkeypatch.setattr(math_verifier, "_symbolic_verdict", fail)
+    monkeypatch.setattr(math_verifier, "symbolic_verdict", fail)
     assert score(f"{LAB} #### 825", "825") == 1.0
     assert score("#### 1,000", "1000") == 1.0
     assert score("\\boxed{3 \\times 10^{8}}", "3e8") == 1.0
@@ -457,7 +458,7 @@ def test_math_reward_rejects_misaligned_columns() -> None:
 
 
 def _worker_pids() -> set[int]:
-    pool = math_verifier._POOL
+    pool = math_symbolic._POOL
     return {w.proc.pid for w in pool.idle} if pool is not None else set()
 
 
@@ -477,7 +478,7 @@ def test_a_worker_that_ignores_its_alarm_is_killed_and_replaced(
     before = _worker_pids()
     # The worker's own alarm would fire long after the caller's limit, as it does when sympy
     # is stuck inside C code: the caller must kill it.
-    monkeypatch.setattr(math_verifier, "_SOFT_TIMEOUT_FRACTION", 100.0)
+    monkeypatch.setattr(math_symbolic, "_SOFT_TIMEOUT_FRACTION", 100.0)
     start = time.perf_counter()
     check(SLOW, "\\frac{1}{3}", 0.0, "timeout", timeout_s=0.5)
     assert time.perf_counter() - start < 3

@@ -86,25 +86,22 @@ Every verdict is counted by reason in `REASON_COUNTS` (per process; see `reason_
 
 from __future__ import annotations
 
-import atexit
-import json
 import os
 import re
-import select
-import signal
-import subprocess
-import sys
 import threading
-import time
 from bisect import bisect_right
 from collections import Counter
 from decimal import Decimal, InvalidOperation
-from functools import lru_cache
 from numbers import Real
-from pathlib import Path
 from typing import Any
 
 from rlvr.verifiers.format import answer_text, completion_text
+from rlvr.verifiers.math_symbolic import (
+    SymbolicTimeout,
+    SymbolicUnavailable,
+    symbolic_verdict,
+    warm_up,
+)
 
 __all__ = [
     "REASONS",
@@ -135,10 +132,6 @@ REASON_COUNTS: Counter[str] = Counter()
 _COUNTS_LOCK = threading.Lock()
 
 TIMEOUT_S = 3.0  # hard wall-clock limit of one symbolic comparison
-_SOFT_TIMEOUT_FRACTION = 0.8  # the worker interrupts itself first, so it need not be killed
-_WORKER_STARTUP_TIMEOUT_S = 60.0
-_WORKER_MEMORY_BYTES = 4 << 30
-_MAX_WORKERS = max(1, min(4, os.cpu_count() or 1))
 _MAX_SYMBOLIC_ANSWER_CHARS = 1000
 
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
@@ -179,7 +172,6 @@ _BARE_EQUALS = re.compile(r"(?<![<>!=:\\])=(?!=)")
 _HEDGE_WORDS = re.compile(r"\bor\b|±|∓|\\pm(?![a-zA-Z])|\\mp(?![a-zA-Z])", re.IGNORECASE)
 _NUMBER_LIST = re.compile(r"\d(?:\s*[,;]\s*|\s+and\s+|\s+)[-+]?\.?\d", re.IGNORECASE)
 _BINARY_OPERATOR = re.compile(r"[\w.})\]]\s*(?:[-+*^×·÷]|\\times|\\cdot|\\div|\\ast)")
-_UNESCAPED_PERCENT = re.compile(r"(?<!\\)%")
 
 _MANTISSA = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
 _EXPONENT = r"\^\s*(?:\{\s*(?P<k1>[+-]?\d+)\s*\}|(?P<k2>[+-]?\d+))"
@@ -497,6 +489,7 @@ def _percent_match(predicted: Any, predicted_percent: bool, gold: Any, gold_perc
 def _grade(
     completion: Any, answer: Any, marker: str, timeout_s: float, parts: dict[str, Any]
 ) -> float:
+    """The reward; ``parts`` gets the extracted answer, the reason and the method."""
     text, reference = completion_text(completion), _reference_text(answer)
     if text is None or reference is None or not isinstance(marker, str):
         return 0.0  # reason stays "error"
@@ -515,58 +508,79 @@ def _grade(
     if not predicted:
         parts["reason"] = "no_answer"
         return 0.0
-    predicted_value_text, predicted_unit, predicted_percent = _split_quantity(predicted)
-    predicted_value = _as_decimal(predicted_value_text)
+    quantity = _split_quantity(predicted)
+    predicted_value = _as_decimal(quantity[0])
     left_values = {_as_decimal(_split_quantity(side)[0]) for side in left_sides} - {None}
     if _hedge_in(predicted, gold) or (
         predicted_value is not None and left_values - {predicted_value}
     ):
         parts["reason"] = "hedged"  # "3 or 4", "3, 4", or "824 = 825"
         return 0.0
+    return _compare(_split_quantity(gold), quantity, predicted_value, timeout_s, parts)
 
-    gold_value_text, gold_unit, gold_percent = _split_quantity(gold)
+
+def _compare(
+    gold: tuple[str, str | None, bool],
+    predicted: tuple[str, str | None, bool],
+    predicted_value: Decimal | None,
+    timeout_s: float,
+    parts: dict[str, Any],
+) -> float:
+    """Compare two (value text, unit, percent) quantities: exactly, or else symbolically."""
+    gold_value_text, gold_unit, gold_percent = gold
+    predicted_value_text, predicted_unit, predicted_percent = predicted
     if not predicted_value_text or not gold_value_text:
         parts["reason"] = "no_answer" if not predicted_value_text else "error"
         return 0.0
     if gold_unit and predicted_unit and gold_unit != predicted_unit:
         parts["method"] = "exact"
-        parts["reason"] = "wrong"  # "5 m" for "5 cm": no conversions
-        return 0.0
+        return _verdict(False, parts)  # "5 m" for "5 cm": no conversions
     gold_value = _as_decimal(gold_value_text)
     if gold_value is not None and predicted_value is not None:
         parts["method"] = "exact"
         correct = _percent_match(predicted_value, predicted_percent, gold_value, gold_percent)
-    elif gold_value is not None and _BINARY_OPERATOR.search(predicted_value_text):
+        return _verdict(correct, parts)
+    if gold_value is not None and _BINARY_OPERATOR.search(predicted_value_text):
         parts["reason"] = "unevaluated"
         return 0.0
-    elif (
+    if (
         "".join(gold_value_text.split()) == "".join(predicted_value_text.split())
         and gold_percent == predicted_percent
     ):
         parts["method"] = "exact"
-        correct = True
-    elif len(predicted_value_text) > _MAX_SYMBOLIC_ANSWER_CHARS:
+        return _verdict(True, parts)
+    if len(predicted_value_text) > _MAX_SYMBOLIC_ANSWER_CHARS:
         parts["method"] = "math_verify"
-        correct = False
-    elif not _balanced_braces(predicted_value_text):
+        return _verdict(False, parts)
+    if not _balanced_braces(predicted_value_text):
         # "7}4" would close the \boxed{...} the answer is parsed in, leaving "7": refuse
         parts["reason"] = "unparsable"
         return 0.0
-    else:
-        parts["method"] = "math_verify"
-        try:
-            verdict = _symbolic_verdict(
-                gold_value_text, predicted_value_text, gold_percent, predicted_percent, timeout_s
-            )
-        except _SymbolicTimeout:
-            parts["reason"] = "timeout"
-            return 0.0
-        except _SymbolicUnavailable:
-            return 0.0  # reason stays "error"
-        if verdict not in ("correct", "wrong"):
-            parts["reason"] = {"hedged": "hedged", "unparsable": "unparsable"}.get(verdict, "error")
-            return 0.0
-        correct = verdict == "correct"
+    return _compare_symbolically(gold, predicted, timeout_s, parts)
+
+
+def _compare_symbolically(
+    gold: tuple[str, str | None, bool],
+    predicted: tuple[str, str | None, bool],
+    timeout_s: float,
+    parts: dict[str, Any],
+) -> float:
+    """math-verify's verdict from the worker (math_symbolic.py), as a reward and a reason."""
+    parts["method"] = "math_verify"
+    try:
+        verdict = symbolic_verdict(gold[0], predicted[0], gold[2], predicted[2], timeout_s)
+    except SymbolicTimeout:
+        parts["reason"] = "timeout"
+        return 0.0
+    except SymbolicUnavailable:
+        return 0.0  # reason stays "error"
+    if verdict not in ("correct", "wrong"):
+        parts["reason"] = {"hedged": "hedged", "unparsable": "unparsable"}.get(verdict, "error")
+        return 0.0
+    return _verdict(verdict == "correct", parts)
+
+
+def _verdict(correct: bool, parts: dict[str, Any]) -> float:
     parts["reason"] = "correct" if correct else "wrong"
     return 1.0 if correct else 0.0
 
@@ -651,370 +665,11 @@ def math_reward(
 math_reward.reason_counts = reason_counts  # type: ignore[attr-defined]
 
 
-# --- symbolic comparison: caller side ------------------------------------------------------
-
-
-class _SymbolicTimeout(Exception):
-    """The worker ran past the limit (it was interrupted or killed)."""
-
-
-class _SymbolicUnavailable(Exception):
-    """No worker could be started, or it died mid-request (never cached: the next call retries)."""
-
-
-class _Worker:
-    """One persistent worker process speaking JSON lines over its stdin/stdout."""
-
-    def __init__(self) -> None:
-        src_dir = str(Path(__file__).resolve().parents[2])
-        code = (
-            f"import sys; sys.path.insert(0, {src_dir!r}); "
-            "from rlvr.verifiers.math import _worker_main; _worker_main()"
-        )
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", code],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            start_new_session=True,  # a terminal's Ctrl-C is the caller's to handle
-        )
-        self._buffer = b""
-        self._next_id = 0
-        deadline = time.monotonic() + _WORKER_STARTUP_TIMEOUT_S
-        if self._read_line(deadline) != b"ready":
-            self.kill()
-            raise RuntimeError("the math verifier's worker process did not start")
-
-    def _read_line(self, deadline: float) -> bytes | None:
-        """The next line, or None at the deadline; raises EOFError if the worker died."""
-        fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
-        while b"\n" not in self._buffer:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
-                return None
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                raise EOFError("the math verifier's worker process exited")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        return line
-
-    def request(self, payload: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
-        """The worker's reply, or None when it is still busy after ``timeout_s``."""
-        self._next_id += 1
-        payload = {**payload, "id": self._next_id}
-        deadline = time.monotonic() + timeout_s
-        self.proc.stdin.write(json.dumps(payload).encode() + b"\n")  # type: ignore[union-attr]
-        self.proc.stdin.flush()  # type: ignore[union-attr]
-        while (line := self._read_line(deadline)) is not None:
-            reply = json.loads(line)
-            if reply.get("id") == self._next_id:
-                return reply
-        return None
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.close_pipes()
-
-    def close_pipes(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()  # type: ignore[union-attr]
-            except OSError:
-                pass
-
-    def stop(self) -> None:
-        """Close its stdin (the worker exits at EOF); kill it if it lingers."""
-        try:
-            self.proc.stdin.close()  # type: ignore[union-attr]
-            self.proc.wait(timeout=1)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self.kill()
-
-
-class _Pool:
-    """Workers for this process: started on demand, up to `_MAX_WORKERS` busy at once."""
-
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.condition = threading.Condition()
-        self.idle: list[_Worker] = []
-        self.busy: set[_Worker] = set()
-        self.size = 0
-
-    def acquire(self) -> _Worker:
-        with self.condition:
-            while not self.idle and self.size >= _MAX_WORKERS:
-                self.condition.wait()
-            if self.idle:
-                worker = self.idle.pop()
-                self.busy.add(worker)
-                return worker
-            self.size += 1
-        try:
-            worker = _Worker()  # started outside the lock: it takes a while
-        except BaseException:
-            with self.condition:
-                self.size -= 1
-                self.condition.notify()
-            raise
-        with self.condition:
-            self.busy.add(worker)
-        return worker
-
-    def release(self, worker: _Worker, healthy: bool) -> None:
-        if not healthy:
-            worker.kill()
-        with self.condition:
-            self.busy.discard(worker)
-            if healthy:
-                self.idle.append(worker)
-            else:
-                self.size -= 1
-            self.condition.notify()
-
-    def shutdown(self) -> None:
-        with self.condition:
-            workers, self.idle = self.idle + list(self.busy), []
-            self.busy.clear()
-            self.size = 0
-        for worker in workers:
-            worker.stop()
-
-    def forget(self) -> None:
-        """In a forked child: drop the parent's workers without touching them."""
-        for worker in self.idle + list(self.busy):
-            worker.close_pipes()
-
-
-_POOL: _Pool | None = None
-_POOL_LOCK = threading.Lock()
-
-
-def _pool() -> _Pool:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL.pid != os.getpid():
-            _POOL = _Pool()
-        return _POOL
-
-
-def _shutdown_workers() -> None:
-    """Stop this process's workers (at exit; tests use it to force a fresh start)."""
-    pool = _POOL
-    if pool is not None and pool.pid == os.getpid():
-        pool.shutdown()
-
-
 def _after_fork_in_child() -> None:
-    global _POOL, _POOL_LOCK, _COUNTS_LOCK
-    if _POOL is not None:
-        _POOL.forget()
-    _POOL = None
-    _POOL_LOCK = threading.Lock()  # a lock held by another thread at fork time stays held
-    _COUNTS_LOCK = threading.Lock()
+    """In a forked child: a fresh counts lock."""
+    global _COUNTS_LOCK
+    _COUNTS_LOCK = threading.Lock()  # a lock held by another thread at fork time stays held
 
 
-atexit.register(_shutdown_workers)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def warm_up() -> None:
-    """Start a worker now, so the first symbolic comparison does not wait for it (~0.5 s)."""
-    pool = _pool()
-    pool.release(pool.acquire(), healthy=True)
-
-
-@lru_cache(maxsize=8192)
-def _symbolic_verdict(
-    gold: str, predicted: str, gold_percent: bool, predicted_percent: bool, timeout_s: float
-) -> str:
-    """The worker's verdict; raises _SymbolicTimeout (never cached) past ``timeout_s``."""
-    pool = _pool()
-    try:
-        worker = pool.acquire()
-    except Exception as exc:
-        raise _SymbolicUnavailable from exc  # counted as an error, not as a wrong answer
-    payload = {
-        "gold": gold,
-        "pred": predicted,
-        "gold_percent": gold_percent,
-        "pred_percent": predicted_percent,
-        "soft_timeout_s": timeout_s * _SOFT_TIMEOUT_FRACTION,
-    }
-    healthy = False
-    try:
-        reply = worker.request(payload, timeout_s)
-        if reply is None:
-            raise _SymbolicTimeout  # still busy: the pool kills it below
-        healthy = not reply.get("restart", False)
-        if reply["verdict"] == "timeout":
-            raise _SymbolicTimeout
-        return str(reply["verdict"])
-    except (OSError, EOFError, ValueError, KeyError) as exc:
-        raise _SymbolicUnavailable from exc
-    finally:
-        pool.release(worker, healthy)
-
-
-# --- symbolic comparison: worker side (runs in the worker process only) ---------------------
-
-
-class _SoftTimeout(BaseException):
-    """Raised by SIGALRM in the worker; BaseException so math-verify's handlers let it pass."""
-
-
-@lru_cache(maxsize=4096)
-def _parse_exact(expression: str) -> Any:
-    """math-verify's reading of ``\\boxed{expression}`` with every float made exact; or None."""
-    from math_verify import parse
-    from sympy import Basic
-    from sympy.matrices import MatrixBase
-
-    latex = "\\boxed{" + _UNESCAPED_PERCENT.sub(r"\\%", expression) + "}"
-    parsed = parse(latex, parsing_timeout=None)
-    expr = next((p for p in parsed if isinstance(p, (Basic, MatrixBase))), None)
-    if expr is None:
-        return None
-    return expr.applyfunc(_exact_float) if isinstance(expr, MatrixBase) else _exact_float(expr)
-
-
-def _exact_float(value: Any) -> Any:
-    """Every sympy Float replaced by the rational number its decimal digits spell."""
-    from sympy import Float, Rational
-
-    floats = value.atoms(Float)
-    return value.xreplace({f: Rational(str(f)) for f in floats}) if floats else value
-
-
-def _assigned_values(expr: Any) -> Any:
-    """``x = 5`` -> 5, also inside sets and tuples (``x=1, x=2`` -> {1, 2})."""
-    from sympy import Eq, FiniteSet, Symbol, Tuple
-
-    if isinstance(expr, Eq) and isinstance(expr.lhs, Symbol):
-        return _assigned_values(expr.rhs)
-    if isinstance(expr, (FiniteSet, Tuple)):
-        return type(expr)(*[_assigned_values(arg) for arg in expr.args])
-    return expr
-
-
-def _is_scalar(expr: Any) -> bool:
-    from sympy import Expr
-    from sympy.matrices import MatrixBase
-    from sympy.matrices.expressions import MatrixExpr
-
-    return isinstance(expr, Expr) and not isinstance(expr, (MatrixBase, MatrixExpr))
-
-
-def _non_finite(expr: Any) -> bool:
-    from sympy import S
-
-    return bool(expr.has(S.Infinity, S.NegativeInfinity, S.ComplexInfinity, S.NaN))
-
-
-def _judge(gold: Any, predicted: Any) -> str:
-    """Verdict "correct", "wrong" or "hedged" for two parsed, exact sympy objects."""
-    from math_verify import verify as math_verify_equal
-    from sympy import EmptySet, FiniteSet, Set, Tuple
-    from sympy.logic.boolalg import BooleanFunction
-
-    values = _assigned_values(predicted)
-    if _is_scalar(gold):
-        if isinstance(values, FiniteSet) and len(values) == 1:
-            values = next(iter(values))  # {5} is 5
-        if values == EmptySet:
-            return "wrong"
-        if isinstance(values, (Set, BooleanFunction)) or getattr(values, "is_Relational", False):
-            return "hedged"  # a set, interval or inequality offers many values
-        if isinstance(values, Tuple):
-            return "hedged" if len(values) > 1 else "wrong"
-        if not _is_scalar(values):
-            return "wrong"  # a matrix, a truth value
-        predicted = values
-        if not gold.free_symbols and values.free_symbols:
-            return "wrong"  # a free symbol never equals a number
-    if not _non_finite(gold) and _non_finite(values):
-        return "wrong"  # nor does infinity
-    equal = math_verify_equal(
-        [gold], [predicted], allow_set_relation_comp=True, timeout_seconds=None
-    )
-    return "correct" if equal else "wrong"
-
-
-def _compare_symbolic(
-    gold: str, predicted: str, gold_percent: bool = False, predicted_percent: bool = False
-) -> str:
-    """The worker's verdict: "correct", "wrong", "hedged", "unparsable" or "bad_reference"."""
-    from sympy import Rational
-
-    gold_expr = _parse_exact(gold)
-    if gold_expr is None:
-        return "bad_reference"
-    predicted_expr = _parse_exact(predicted)
-    if predicted_expr is None:
-        return "unparsable"
-    verdict = _judge(gold_expr, predicted_expr)
-    if verdict == "wrong" and gold_percent != predicted_percent:
-        if predicted_percent and _is_scalar(predicted_expr):
-            return _judge(gold_expr, predicted_expr * Rational(1, 100))
-        if gold_percent and _is_scalar(gold_expr):
-            return _judge(gold_expr * Rational(1, 100), predicted_expr)
-    return verdict
-
-
-def _serve(request: dict[str, Any]) -> dict[str, Any]:
-    try:
-        try:
-            signal.setitimer(signal.ITIMER_REAL, max(0.01, float(request["soft_timeout_s"])))
-            verdict = _compare_symbolic(
-                str(request["gold"]),
-                str(request["pred"]),
-                bool(request["gold_percent"]),
-                bool(request["pred_percent"]),
-            )
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except _SoftTimeout:
-        return {"verdict": "timeout"}
-    except MemoryError:
-        return {"verdict": "timeout", "restart": True}  # past the memory limit: start afresh
-    except Exception:
-        return {"verdict": "error"}
-    return {"verdict": verdict}
-
-
-def _worker_main() -> None:
-    """Entry point of the worker process: JSON requests on stdin, JSON verdicts on stdout."""
-    import logging
-
-    protocol = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)  # stray prints from libraries go to stderr, never into the protocol
-    try:
-        import resource
-
-        resource.setrlimit(resource.RLIMIT_AS, (_WORKER_MEMORY_BYTES, _WORKER_MEMORY_BYTES))
-    except (ImportError, ValueError, OSError):
-        pass
-    for name in ("math_verify", "latex2sympy2_extended"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
-
-    def on_alarm(signum: int, frame: Any) -> None:
-        raise _SoftTimeout
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    _compare_symbolic("1", "1")  # import sympy and math-verify, build the parser's tables
-    protocol.write(b"ready\n")
-    for line in sys.stdin.buffer:
-        try:
-            request = json.loads(line)
-        except ValueError:
-            continue
-        reply = {"id": request.get("id"), **_serve(request)}
-        protocol.write(json.dumps(reply).encode() + b"\n")
-        if reply.get("restart"):
-            return
