@@ -6,6 +6,7 @@ tests/test_verifier_code.py runs them there. These call their pure helpers direc
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from rlvr.verifiers import sandbox, sandbox_harness, sandbox_probe
 from rlvr.verifiers.sandbox_harness import (
     DONE,
     MESSAGE,
+    PROTECTIONS,
     STARTED,
     Relay,
     clear_dir,
@@ -24,6 +26,7 @@ from rlvr.verifiers.sandbox_harness import (
     exit_code,
     frame,
     live_processes_of,
+    make_job,
     message_head,
     rlimit_values,
     status_owner,
@@ -50,6 +53,43 @@ def test_the_parent_sends_this_module() -> None:
     with open(path, encoding="utf-8") as f:
         assert sandbox.module_source("sandbox_harness") == f.read()
     assert sandbox._harness_bytecode() == sandbox._harness_bytecode()  # compiled once, cached
+
+
+def test_steps_and_job_keys_are_the_declared_ones() -> None:
+    tree = ast.parse(sandbox.module_source("sandbox_harness"))
+    stepped = {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "step"
+        and isinstance(node.args[0], ast.Constant)
+    }
+    assert stepped == set(PROTECTIONS) - {"process_group"}  # the parent's Popen does that one
+    read = {
+        node.slice.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.value, (ast.Name, ast.Attribute))
+        and getattr(node.value, "id", getattr(node.value, "attr", None)) == "job"
+        and isinstance(node.slice, ast.Constant)
+    }
+    keys = make_job(
+        nonce="n",
+        result_fd=3,
+        steps={},
+        probe=False,
+        limits={},
+        uid=None,
+        root="/r",
+        workdir="/w",
+        binds=[],
+        symlinks=[],
+        driver="",
+        payloads=[],
+        stop_marker=None,
+    )
+    assert read == set(keys)
 
 
 def test_relay_tags_complete_lines_with_the_index() -> None:

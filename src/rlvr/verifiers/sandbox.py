@@ -69,7 +69,15 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from typing import Any
 
-from rlvr.verifiers.sandbox_harness import DONE, MESSAGE, SETUP, SETUP_ERROR, STARTED
+from rlvr.verifiers.sandbox_harness import (
+    DONE,
+    MESSAGE,
+    PROTECTIONS,
+    SETUP,
+    SETUP_ERROR,
+    STARTED,
+    make_job,
+)
 from rlvr.verifiers.sandbox_probe import CHECKS
 
 __all__ = [
@@ -83,22 +91,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# Names of the protections, in the order the harness applies them.
-PROTECTIONS = (
-    "process_group",  # own session + process group, killed whole
-    "user_namespace",  # without root only: everything below inside a user namespace
-    "network_namespace",
-    "mount_namespace",
-    "ipc_namespace",
-    "uts_namespace",
-    "pid_namespace",
-    "chroot",  # private root: libs + stdlib read-only, tmpfs /work and /tmp
-    "rlimits",
-    "unprivileged_user",  # as root: a private uid/gid per concurrent run
-    "drop_capabilities",  # in a user namespace: capset() to nothing
-    "no_new_privs",
-)
 
 _UID_BASE = 1 << 28  # private uids: _UID_BASE + (parent pid % 2**22) * 64 + slot
 _UID_SLOTS = 64
@@ -350,21 +342,21 @@ def _run(
             if uid is not None:
                 os.chown(host_dir, uid, uid)
             read_fd, write_fd = os.pipe()
-            job = {
-                "nonce": nonce,
-                "result_fd": write_fd,
-                "steps": steps,
-                "probe": probe,
-                "limits": asdict(limits),
-                "uid": uid,
-                "root": host_dir,
-                "workdir": host_dir,
-                "binds": binds,
-                "symlinks": symlinks,
-                "driver": driver,
-                "payloads": payloads,
-                "stop_marker": stop_marker,
-            }
+            job = make_job(
+                nonce=nonce,
+                result_fd=write_fd,
+                steps=steps,
+                probe=probe,
+                limits=asdict(limits),
+                uid=uid,
+                root=host_dir,
+                workdir=host_dir,
+                binds=binds,
+                symlinks=symlinks,
+                driver=driver,
+                payloads=payloads,
+                stop_marker=stop_marker,
+            )
             harness = _harness_bytecode()
             job_bytes = (
                 b"%0*d" % (_HEADER_DIGITS, len(harness)) + harness + json.dumps(job).encode()

@@ -46,6 +46,57 @@ DONE = "done"
 EXIT_NO_MANAGER = 120  # the outer harness lost its manager (it was reaped elsewhere)
 EXIT_SETUP_FAILED = 121  # a protection failed outside a probe run: fail closed
 EXIT_TERMINATED = 143  # the manager was asked to stop (SIGTERM) and killed the untrusted side
+# Names of the protections (the job's ``steps``, the setup report's keys), in the order the
+# harness applies them.
+PROTECTIONS = (
+    "process_group",  # own session + process group, killed whole (the parent's Popen does it)
+    "user_namespace",  # without root only: everything below inside a user namespace
+    "network_namespace",
+    "mount_namespace",
+    "ipc_namespace",
+    "uts_namespace",
+    "pid_namespace",
+    "chroot",  # private root: libs + stdlib read-only, tmpfs /work and /tmp
+    "rlimits",
+    "unprivileged_user",  # as root: a private uid/gid per concurrent run
+    "drop_capabilities",  # in a user namespace: capset() to nothing
+    "no_new_privs",
+)
+
+
+def make_job(
+    *,
+    nonce: str,
+    result_fd: int,
+    steps: dict,
+    probe: bool,
+    limits: dict,
+    uid: int | None,
+    root: str,
+    workdir: str,
+    binds: list,
+    symlinks: list,
+    driver: str,
+    payloads: list,
+    stop_marker: object,
+) -> dict:
+    """The job the parent sends after the bytecode (as JSON); `Harness` reads these keys."""
+    return {
+        "nonce": nonce,  # starts every line of the result pipe
+        "result_fd": result_fd,  # the result pipe's write end, inherited
+        "steps": steps,  # protection name -> apply it
+        "probe": probe,  # record failures instead of failing closed; report what was applied
+        "limits": limits,  # SandboxLimits as a dict
+        "uid": uid,  # the children's private uid (root only), or None
+        "root": root,  # where the private root is mounted
+        "workdir": workdir,  # the working directory without a private root
+        "binds": binds,  # directories bound read-only into the private root
+        "symlinks": symlinks,  # (path, target) recreated there
+        "driver": driver,  # source defining main(payload, emit)
+        "payloads": payloads,  # one child each
+        "stop_marker": stop_marker,  # a run that never emits it ends the sandbox (None: never)
+    }
+
 
 # --- kernel constants -----------------------------------------------------------------------------
 
