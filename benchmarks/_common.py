@@ -28,11 +28,11 @@ import torch  # noqa: E402
 def lab_setup(digits: int):
     """(LabConfig, TaskSpec) of the lab's arithmetic task with `digits`-digit operands, every
     other setting (base model, shape, seeds) the lab's default."""
-    from rlvr.pipelines.lab import LabConfig, build_task
+    from rlvr.pipelines.lab import LabConfig, lab_task
     from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 
     config = LabConfig(arithmetic=ArithmeticTaskConfig(digits=digits), progress=False)
-    return config, build_task(config)
+    return config, lab_task(config)
 
 
 def digit_credit_reward(prompts, completions, answer, **_) -> list[float]:
@@ -60,7 +60,8 @@ def base_model_dir(config, task, random_init: bool = False) -> tuple[Path, str]:
     lab's function when missing, or (random_init) a freshly initialised model of the same
     shape, saved to a temporary directory."""
     from rlvr.models.tiny import build_char_tokenizer, build_tiny_model, save_model
-    from rlvr.pipelines.lab import build_base_model, cache_root
+    from rlvr.pipelines.base_model import cache_root
+    from rlvr.pipelines.lab import build_base_model
 
     if random_init:
         tokenizer = build_char_tokenizer()
@@ -79,10 +80,9 @@ def base_model_dir(config, task, random_init: bool = False) -> tuple[Path, str]:
 
 
 def base_is_cached(config) -> bool:
-    from rlvr.pipelines.lab import base_model_key, cache_root
+    from rlvr.pipelines.lab import lab_base_dir
 
-    directory = cache_root(config.cache_dir) / f"base-{base_model_key(config)}"
-    return (directory / "config.json").exists()
+    return (lab_base_dir(config) / "config.json").exists()
 
 
 def matmul_gflops(n: int = 2048, threads: int = 2, repeats: int = 5) -> float:

@@ -45,11 +45,11 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from rlvr.models.tiny import load_model
-    from rlvr.pipelines.lab import LabConfig, build_base_model, build_task
+    from rlvr.pipelines.lab import LabConfig, build_base_model, lab_task
     from rlvr.rollout.sampler import sample_completions
 
     config = LabConfig(progress=False)
-    task = build_task(config)
+    task = lab_task(config)
     model_dir, _ = build_base_model(config, task)
     model, tokenizer = load_model(model_dir)
     rows = iter(task.train_rows(0))

@@ -34,14 +34,10 @@ from rlvr.models.tiny import (  # noqa: E402
     load_model,
     save_model,
 )
-from rlvr.pipelines.thinking_budget import (  # noqa: E402
-    format_table,
-    plot_thinking_budget,
-    think_mode_check,
-    thinking_budget_curve,
-)
+from rlvr.report.plots import format_table, plot_thinking_budget  # noqa: E402
 from rlvr.rollout.sampler import sample_completions  # noqa: E402
 from rlvr.tasks import reasoning  # noqa: E402
+from rlvr.train.evaluate import think_mode_check, thinking_budget_curve  # noqa: E402
 from rlvr.train.sft import train_next_token  # noqa: E402
 
 DATA = ("base", "think", "no_think", "fused", "fused_budget")
