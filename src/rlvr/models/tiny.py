@@ -22,6 +22,8 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
 
+from rlvr.config import UserError
+
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
 UNK_TOKEN = "<|unk|>"
@@ -105,22 +107,26 @@ def _pin_tokenizer_class(directory: Path) -> None:
     path.write_text(json.dumps(config, indent=2))
 
 
+class ModelDirectoryError(UserError, FileNotFoundError):
+    """A model directory that does not exist or is not a complete Hugging Face model."""
+
+
 def load_model(directory: str | Path, dtype: torch.dtype = torch.float32):
     """Load (model, tokenizer) from a local Hugging Face directory; never touches the Hub.
 
-    Raises FileNotFoundError naming what is missing when the directory lacks weights or a
-    tokenizer.
+    Raises `ModelDirectoryError` (a FileNotFoundError and a `UserError`) naming what is
+    missing when the directory does not exist or lacks a config, weights or a tokenizer.
     """
     directory = Path(directory)
     if not directory.is_dir():
-        raise FileNotFoundError(f"model directory {directory} does not exist")
+        raise ModelDirectoryError(f"model directory {directory} does not exist")
     if not (directory / "config.json").exists():
-        raise FileNotFoundError(f"{directory} has no config.json: not a Hugging Face model")
+        raise ModelDirectoryError(f"{directory} has no config.json: not a Hugging Face model")
     weights = list(directory.glob("*.safetensors")) + list(directory.glob("*.bin"))
     if not weights:
-        raise FileNotFoundError(f"{directory} has no weights (*.safetensors or *.bin)")
+        raise ModelDirectoryError(f"{directory} has no weights (*.safetensors or *.bin)")
     if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise FileNotFoundError(f"{directory} has no tokenizer (tokenizer.json)")
+        raise ModelDirectoryError(f"{directory} has no tokenizer (tokenizer.json)")
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlvr.config import UserError
 from rlvr.tasks.spec import TaskSpec
 from rlvr.verifiers import math as math_verifier
 
@@ -26,8 +27,11 @@ Row = dict[str, Any]
 Pair = tuple[str, str]  # (prompt, completion), a line of SFT data
 
 
-class JSONLError(ValueError):
-    """A JSONL file that cannot be used as rows; the message names file, line and field."""
+class JSONLError(UserError, ValueError):
+    """A JSONL file that cannot be used as rows; the message names file, line and field.
+
+    A `UserError` (the CLI prints it on one line and exits 2) and a ValueError.
+    """
 
     def __init__(self, path: Path, message: str, line: int | None = None, field: str | None = None):
         self.path = path
@@ -35,6 +39,10 @@ class JSONLError(ValueError):
         self.field = field
         where = f"{path}:{line}" if line is not None else str(path)
         super().__init__(f"{where}: {message}")
+
+
+class JSONLFileNotFoundError(UserError, FileNotFoundError):
+    """A JSONL file that does not exist or cannot be read; the message names it."""
 
 
 def load_rows(path: str | Path, required: Sequence[str] = ("prompt", "answer")) -> list[Row]:
@@ -70,7 +78,12 @@ def load_pairs(path: str | Path) -> list[Pair]:
 
 def _numbered_rows(path: Path, required: Sequence[str]) -> list[tuple[int, Row]]:
     """(line number, row) of every non-blank line, checked as `load_rows` says."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise JSONLFileNotFoundError(
+            f"{path}: cannot read the file ({exc.strerror or exc})"
+        ) from None
     if data.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark, as some editors write
         data = data[3:]
     rows: list[tuple[int, Row]] = []
