@@ -15,6 +15,7 @@ from dataclasses import dataclass, field  # noqa: E402
 
 import tyro  # noqa: E402
 
+from rlvr.config import UserError  # noqa: E402
 from rlvr.pipelines.lab import LabConfig, run_lab  # noqa: E402
 from rlvr.pipelines.sample import SampleConfig, run_sample  # noqa: E402
 from rlvr.pipelines.sft import SFTConfig, run_sft  # noqa: E402
@@ -143,17 +144,10 @@ def compare(config: CompareConfig) -> None:
 
 
 def lab(config: LabConfig) -> None:
-    """`rlvr lab` / `rlvr train`: the lab with the `--set` overrides applied."""
-    run_lab(resolve_switches(config))
-
-
-def resolve_switches(config: LabConfig) -> LabConfig:
-    """Apply `--set key=value` overrides to the GRPO switches (unknown keys name valid ones)."""
-    from rlvr.config import apply_overrides
-
-    if not config.set:
-        return config
-    return dataclasses.replace(config, grpo=apply_overrides(config.grpo, list(config.set)))
+    """`rlvr lab` / `rlvr train [RECIPE]`: the lab (`run_lab` resolves the config first)."""
+    if config.resume is not None:
+        print(f"[rlvr] resuming {config.resume} with its saved config.yaml")
+    run_lab(config)
 
 
 def recipes(config: RecipesConfig) -> None:
@@ -271,9 +265,14 @@ def verify(config: VerifyConfig) -> None:
         raise SystemExit("rlvr verify: pass --file FILE.jsonl, or --completion and --answer")
 
 
+TRAIN_USAGE = """rlvr train [RECIPE] [--grpo.* ...] [--set KEY=VALUE ...]
+
+RECIPE is a named recipe (`rlvr recipes`): {recipes}. It is the base config that the flags
+override: `rlvr train dapo --grpo.lr 3e-5`. Without one, GRPOConfig's defaults (the lab's)."""
+
 COMMANDS = {
     "lab": (lab, LabConfig, "Build a tiny base model and watch GRPO's reward curve climb."),
-    "train": (lab, LabConfig, "Train with a recipe (--recipe dapo --set key=value) on the task."),
+    "train": (lab, LabConfig, "Train with a recipe (rlvr train dapo --grpo.lr 3e-5) on the task."),
     "recipes": (recipes, RecipesConfig, "List the named recipes, or show one's switches."),
     "compare": (compare, CompareConfig, "Run several recipes side by side: one figure, one table."),
     "eval": (evaluate, EvalConfig, "Held-out accuracy of a local model."),
@@ -289,103 +288,103 @@ COMMANDS = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`rlvr COMMAND [flags]`: parse the command's config and run it."""
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in COMMANDS:
-        names = ", ".join(COMMANDS)
-        if argv and not argv[0].startswith("-"):
-            print(f"rlvr: unknown command {argv[0]!r}; choose one of: {names}", file=sys.stderr)
-            raise SystemExit(2)
-        print(f"usage: rlvr {{{names}}} [--help]\n")
-        for name, (_, _, text) in COMMANDS.items():
-            print(f"  {name:8s} {text}")
-        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
-    from transformers.utils import logging as hf_logging
+    """`rlvr [--debug] COMMAND [flags]`: parse the command's config and run it.
 
-    hf_logging.disable_progress_bar()  # per-file load/save bars drown rlvr's own progress
-    run, config_type, text = COMMANDS[argv[0]]
-    args = argv[1:]
-    if config_type is RecipesConfig:  # positional form: rlvr recipes show NAME
-        config = RecipesConfig(*args[:2]) if args and not args[0].startswith("-") else None
-        run(config or tyro.cli(RecipesConfig, args=args, prog="rlvr recipes"))
-        return
-    if config_type is LabConfig and "--resume" in args:
-        config = _resume_config(args)
-        print(f"[rlvr] resuming {config.runs_dir}/{config.run_name} with its saved config.yaml")
-        try:
-            run(config)
-        except KeyboardInterrupt:
-            print("[rlvr] interrupted", file=sys.stderr)
-            raise SystemExit(130) from None
-        return
-    default = None
-    if config_type is LabConfig:
-        default = _recipe_default(args)
-    config = tyro.cli(
-        config_type, args=args, prog=f"rlvr {argv[0]}", description=text, default=default
-    )
+    A user error (`rlvr.config.UserError`: an unknown task, key or recipe, a wrong type, a
+    malformed file, a missing model directory, an existing run directory) prints one line
+    `rlvr: error: ...` to stderr and exits 2. `--debug` (anywhere on the line) or
+    `RLVR_DEBUG=1` shows the exception with its traceback instead.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("RLVR_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     try:
-        run(config)
+        _run_command(argv)
+    except UserError as exc:
+        if debug:
+            raise
+        message = " ".join(str(exc).split())
+        print(f"rlvr: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from None
     except KeyboardInterrupt:
         print("[rlvr] interrupted", file=sys.stderr)
         raise SystemExit(130) from None
 
 
-def _resume_config(args: list[str]) -> LabConfig:
-    """`--resume [RUN_DIR]`: the run's own saved config, with resume on.
+def _run_command(argv: list[str]) -> None:
+    """Dispatch `argv` (without --debug) to its command."""
+    if not argv or argv[0] not in COMMANDS:
+        _usage(argv)
+    from transformers.utils import logging as hf_logging
 
-    The run is RUN_DIR, or --runs-dir/--run-name (default runs/lab). Other flags would be
-    silently ignored, so they are refused.
+    hf_logging.disable_progress_bar()  # per-file load/save bars drown rlvr's own progress
+    run, config_type, text = COMMANDS[argv[0]]
+    args, prog = argv[1:], f"rlvr {argv[0]}"
+    if config_type is RecipesConfig:  # positional form: rlvr recipes show NAME
+        config = RecipesConfig(*args[:2]) if args and not args[0].startswith("-") else None
+        run(config or tyro.cli(RecipesConfig, args=args, prog=prog))
+    elif config_type is LabConfig:
+        run(parse_lab(args, prog))
+    else:
+        run(tyro.cli(config_type, args=args, prog=prog, description=text))
+
+
+def _usage(argv: list[str]) -> None:
+    """Print the commands and exit: 0 for --help, 2 otherwise (one line for an unknown one)."""
+    names = ", ".join(COMMANDS)
+    if argv and not argv[0].startswith("-"):
+        raise UserError(f"unknown command {argv[0]!r}; choose one of: {names}")
+    print(f"usage: rlvr [--debug] {{{names}}} [--help]\n")
+    for name, (_, _, text) in COMMANDS.items():
+        print(f"  {name:8s} {text}")
+    raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+
+
+def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
+    """`[RECIPE] [flags]` as a LabConfig: the recipe's config (`recipe_lab_config`) or the
+    lab's defaults, with the flags applied by tyro.
+
+    A recipe switch given back its `GRPOConfig` default (`rlvr train dapo --grpo.dynamic-sampling
+    False`) is moved to `set`, so `resolve`'s rule (a recipe fills the fields at their default)
+    does not fill it again.
     """
-    import pathlib
+    from rlvr.pipelines.lab import recipe_lab_config
+    from rlvr.train.recipes import RECIPES
 
-    import yaml
-
-    from rlvr.config import config_from_dict
-
-    rest, runs_dir, run_name, progress = list(args), "runs", "lab", True
-    i = rest.index("--resume")
-    rest.pop(i)
-    if i < len(rest) and not rest[i].startswith("-"):
-        path = pathlib.Path(rest.pop(i))
-        runs_dir, run_name = str(path.parent), path.name
-    for flag in ("--runs-dir", "--run-name"):
-        if flag in rest:
-            j = rest.index(flag)
-            value = rest[j + 1] if j + 1 < len(rest) else ""
-            del rest[j : j + 2]
-            runs_dir, run_name = (value, run_name) if flag == "--runs-dir" else (runs_dir, value)
-    for flag in ("--progress", "--no-progress"):
-        if flag in rest:
-            rest.remove(flag)
-            progress = flag == "--progress"
-    if rest:
-        raise ValueError(
-            f"--resume continues a run with its saved config.yaml; these flags would be "
-            f"ignored, so they are refused: {' '.join(rest)}"
+    old = [a for a in args if a == "--recipe" or a.startswith("--recipe=")]
+    if old:
+        raise UserError(
+            "--recipe NAME is now a subcommand: rlvr train NAME [flags], e.g. "
+            "rlvr train dapo --grpo.lr 3e-5"
         )
-    saved = pathlib.Path(runs_dir) / run_name / "config.yaml"
-    if not saved.exists():
-        raise FileNotFoundError(f"{saved.parent} has no config.yaml: nothing to resume")
-    config = config_from_dict(LabConfig, yaml.safe_load(saved.read_text()))
-    return dataclasses.replace(
-        config, runs_dir=runs_dir, run_name=run_name, resume=True, progress=progress
+    recipe = args[0] if args and not args[0].startswith("-") else None
+    default = recipe_lab_config(recipe) if recipe else LabConfig()
+    description = TRAIN_USAGE.format(recipes=", ".join(RECIPES))
+    config = tyro.cli(
+        LabConfig,
+        args=args[1:] if recipe else args,
+        prog=prog,
+        description=description,
+        default=default,
     )
+    if recipe is None:
+        return config
+    return dataclasses.replace(config, set=(*_defaults_given(config), *config.set))
 
 
-def _recipe_default(args: list[str]) -> LabConfig | None:
-    """A LabConfig whose GRPO switches come from `--recipe NAME`, so --grpo.* flags still win."""
-    from rlvr.train.recipes import recipe_config
+def _defaults_given(config: LabConfig) -> list[str]:
+    """`key=value` for each switch of `config.recipe` that the flags set back to GRPOConfig's
+    default (it differs from the recipe's value, so it was given)."""
+    from rlvr.train.config import GRPOConfig
+    from rlvr.train.recipes import RECIPES, recipe_config
 
-    for i, arg in enumerate(args):
-        if arg == "--recipe" and i + 1 < len(args):
-            name = args[i + 1]
-        elif arg.startswith("--recipe="):
-            name = arg.split("=", 1)[1]
-        else:
-            continue
-        return LabConfig(recipe=name, grpo=recipe_config(name))
-    return None
+    assert config.recipe is not None
+    recipe, defaults = recipe_config(config.recipe), GRPOConfig()
+    return [
+        f"{key}={getattr(config.grpo, key)}"
+        for key in RECIPES[config.recipe]
+        if getattr(config.grpo, key) == getattr(defaults, key) != getattr(recipe, key)
+    ]
 
 
 if __name__ == "__main__":

@@ -42,6 +42,10 @@ class UserError(Exception):
     """A mistake in the user's input: the CLI prints its message on one line and exits 2."""
 
 
+class RunExistsError(UserError, FileExistsError):
+    """A run directory or output file that exists already, without `--overwrite`."""
+
+
 class ConfigError(UserError, ValueError):
     """A config key or value that does not fit its dataclass; the message names the field path.
 

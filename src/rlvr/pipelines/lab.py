@@ -13,15 +13,17 @@ which is the module's claim about R1-Zero.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
 
 import torch
+import tyro
 import yaml
 
+from rlvr.config import ConfigError, UserError, apply_overrides, from_dict, to_dict
 from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model, save_model
 from rlvr.pipelines.base_model import (
     BaseConfig,
@@ -29,21 +31,23 @@ from rlvr.pipelines.base_model import (
     cached_base_model,
     resolved_hedge_prob,
 )
+from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, open_run, user_task
 from rlvr.report.plots import plot_reward_curve
-from rlvr.report.run_dir import RunDirectory
 from rlvr.report.step_time import format_step_time, step_time_split
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.reasoning import ReasoningTaskConfig
-from rlvr.tasks.registry import build_task, training_reward
+from rlvr.tasks.registry import training_reward
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import train_grpo
+from rlvr.train.recipes import apply_recipe, recipe_config
 
 
 @dataclass(frozen=True)
 class LabConfig:
-    """`rlvr lab` / `rlvr train`: build (or reuse) a base model, run RL on a task, report."""
+    """`rlvr lab` / `rlvr train [RECIPE]`: build (or reuse) a base model, run RL on a task,
+    report."""
 
     run_name: str = "lab"
     """Name of the run directory under --runs-dir."""
@@ -51,9 +55,10 @@ class LabConfig:
     """Where run directories are created."""
     overwrite: bool = False
     """Replace an existing run directory of the same name."""
-    resume: bool = False
-    """Continue the run's newest complete checkpoint with the run's saved config.yaml:
-    `rlvr lab --resume`, `rlvr train --resume runs/NAME`."""
+    resume: str | None = None
+    """A run directory to continue from its newest complete checkpoint, with the run's saved
+    config.yaml (`rlvr train --resume runs/NAME`); other settings are refused unless they equal
+    the saved ones."""
     model: str | None = None
     """A local Hugging Face model directory to start from instead of the lab's base model."""
     seed: int = 0
@@ -64,16 +69,20 @@ class LabConfig:
     """Where base models are cached (default: $RLVR_CACHE or ~/.cache/rlvr)."""
     eval_samples: int = 8
     """Sampled completions per held-out problem for the start and end pass@1."""
+    eval_seed: int = 1
+    """Seed of the sampled held-out evaluation (the same at the start and the end)."""
     progress: bool = True
     """Show progress bars."""
     verifier: str = "strict"
     """Training reward: strict (the math verifier) or weak (substring match, gameable: a
     demonstration of reward hacking). Held-out accuracy and the monitor always use strict."""
-    recipe: str | None = None
-    """A named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) whose switches
-    replace the GRPO defaults; --grpo.* flags and --set still override it."""
+    recipe: Annotated[str | None, tyro.conf.Suppress] = None
+    """The named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) `grpo` is built on;
+    on the command line the subcommand `rlvr train RECIPE`. How it combines with `grpo`: see
+    `resolve`."""
     set: tuple[str, ...] = ()
-    """Overrides of GRPO switches as key=value (e.g. --set epsilon_high=0.28 beta=0.01)."""
+    """Overrides of GRPO switches as key=value, applied last (e.g. --set epsilon_high=0.28
+    beta=0.01): the same as --grpo.epsilon-high 0.28 --grpo.beta 0.01."""
     task: str = "arithmetic"
     """The task: arithmetic (math verifier), reasoning (addition with a <think> block and
     mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls), or a
@@ -85,9 +94,115 @@ class LabConfig:
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
 
 
+def recipe_lab_config(recipe: str) -> LabConfig:
+    """The lab's defaults with `grpo` built on `recipe`: what `rlvr train RECIPE` starts from
+    before its flags apply."""
+    return LabConfig(recipe=recipe, grpo=recipe_config(recipe))
+
+
+def resolve(config: LabConfig) -> LabConfig:
+    """`config` with every derived field filled and checked: what `run_lab` trains and writes
+    to config.yaml. Run once, right after parsing (`run_lab` calls it; so does the CLI,
+    through `run_lab`).
+
+    In this order:
+    1. `resume`: the run's saved config.yaml (resolved when it was written) replaces `config`
+       (`resume_config`); nothing below applies again.
+    2. `recipe`: a recipe is a base config. Its switches fill the `grpo` fields that still have
+       `GRPOConfig`'s default; a field set to another value is an explicit choice and wins
+       (`apply_recipe`). `LabConfig(recipe="dapo")` is `rlvr train dapo`.
+    3. `set`: the `key=value` overrides, applied last and type-checked, then cleared.
+    4. `grpo.max_new_tokens` None becomes the task's budget.
+    5. Checked before any model loads: the GRPO switches (`check_grpo_config`, the one
+       validator), the budget against the task's longest answer, the verifier.
+
+    User mistakes raise `rlvr.config.UserError` subclasses naming what to change.
+    """
+    return _resolve(config)[0]
+
+
+def _resolve(config: LabConfig) -> tuple[LabConfig, TaskSpec]:
+    """`resolve(config)` and the task it was checked against."""
+    if config.resume is not None:
+        config = resume_config(config)
+        return config, lab_task(config)
+    grpo = apply_recipe(config.recipe, config.grpo) if config.recipe else config.grpo
+    grpo = apply_overrides(grpo, list(config.set))
+    task = lab_task(dataclasses.replace(config, grpo=grpo))
+    if grpo.max_new_tokens is None:
+        grpo = dataclasses.replace(grpo, max_new_tokens=task.max_new_tokens)
+    config = dataclasses.replace(config, grpo=grpo, set=())
+    _check(config, task)
+    return config, task
+
+
+def _check(config: LabConfig, task: TaskSpec) -> None:
+    """Refuse impossible settings before any model loads, as `ConfigError`s."""
+    try:
+        check_grpo_config(config.grpo)
+        training_reward(config.verifier, task)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    assert config.grpo.max_new_tokens is not None  # filled by _resolve
+    if config.grpo.max_new_tokens < task.min_new_tokens:
+        raise ConfigError(
+            f"grpo.max_new_tokens={config.grpo.max_new_tokens} is below the longest correct "
+            f"completion of this task ({task.min_new_tokens} tokens with EOS)"
+        )
+
+
+RESUME_FREE = ("resume", "runs_dir", "run_name", "progress", "overwrite")
+"""Fields that a resume takes from the call, not from the saved config.yaml."""
+
+
+def resume_config(config: LabConfig) -> LabConfig:
+    """The saved config of the run `config.resume`, to continue it: runs_dir and run_name from
+    the path, progress from `config`. Every other field of `config` must be its default or
+    equal the saved value (it would be ignored otherwise), or it is refused, naming it."""
+    run_dir = Path(config.resume or "")
+    saved_path = run_dir / "config.yaml"
+    if not saved_path.is_file():
+        raise UserError(f"{run_dir} has no config.yaml: nothing to resume")
+    data = yaml.safe_load(saved_path.read_text()) or {}
+    for key in ("resume", "overwrite"):  # older runs saved `resume: false`
+        data.pop(key, None)
+    saved = from_dict(LabConfig, data, where=str(saved_path))
+    given, default, kept = (_flat(to_dict(c)) for c in (config, LabConfig(), saved))
+    differ = [
+        key
+        for key, value in given.items()
+        if key.split(".")[0] not in RESUME_FREE
+        and value != default.get(key)
+        and value != kept.get(key)
+    ]
+    if differ:
+        raise ConfigError(
+            f"--resume continues {run_dir} with its saved config.yaml; these settings differ "
+            f"from it and would be ignored, so they are refused: {', '.join(differ)}"
+        )
+    return dataclasses.replace(
+        saved,
+        runs_dir=str(run_dir.parent),
+        run_name=run_dir.name,
+        resume=str(run_dir),
+        progress=config.progress,
+    )
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested dict as {dotted.key: leaf value}."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def lab_task(config: LabConfig) -> TaskSpec:
-    """The TaskSpec of `config.task`, from the task registry."""
-    return build_task(
+    """The TaskSpec of `config.task`, from the task registry (an unknown task: `TaskError`)."""
+    return user_task(
         config.task,
         config.arithmetic,
         config.reasoning,
@@ -123,26 +238,14 @@ def build_base_model(config: LabConfig, task: TaskSpec) -> tuple[Path, bool]:
 
 
 def run_lab(config: LabConfig) -> dict:
-    """The whole lab; returns the summary written to summary.json."""
-    task = lab_task(config)
-    if config.grpo.max_new_tokens is None:
-        config = dataclasses.replace(
-            config, grpo=dataclasses.replace(config.grpo, max_new_tokens=task.max_new_tokens)
-        )
-    check_grpo_config(config.grpo)
-    if config.grpo.max_new_tokens < task.min_new_tokens:
-        raise ValueError(
-            f"grpo.max_new_tokens={config.grpo.max_new_tokens} is below the longest correct "
-            f"completion of this task ({task.min_new_tokens} tokens with EOS)"
-        )
+    """The whole lab; returns the summary written to summary.json. `config` is resolved first
+    (`resolve`: resume, recipe, --set, derived fields, checks), as the CLI's is."""
+    config, task = _resolve(config)
     reward_fn = training_reward(config.verifier, task)
     torch.set_num_threads(config.threads)
-    run = RunDirectory(
-        config.runs_dir, config.run_name, overwrite=config.overwrite, resume=config.resume
-    )
-    if config.resume:
-        check_same_config(run, config)
-    run.write_config(dataclasses.replace(config, resume=False, overwrite=False))
+    resume = config.resume is not None
+    run = open_run(config.runs_dir, config.run_name, overwrite=config.overwrite, resume=resume)
+    run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
     start = time.perf_counter()
 
     # --- base model ------------------------------------------------------------------------
@@ -171,7 +274,7 @@ def run_lab(config: LabConfig) -> dict:
                 budget,
                 temperature=config.grpo.temperature,
                 num_samples=sampled_samples,
-                seed=1,
+                seed=config.eval_seed,
             ),
         }
 
@@ -183,7 +286,7 @@ def run_lab(config: LabConfig) -> dict:
     )
 
     # --- GRPO ------------------------------------------------------------------------------
-    train_rows = task.train_rows(config.seed + 10_000)
+    train_rows = task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET)
     rl_start = time.perf_counter()
     records = train_grpo(
         model,
@@ -196,7 +299,7 @@ def run_lab(config: LabConfig) -> dict:
         seed=config.seed,
         progress=config.progress,
         strict_reward_fn=task.reward_fn,
-        resume=config.resume,
+        resume=resume,
     )
     rl_seconds = time.perf_counter() - rl_start
 
@@ -237,22 +340,6 @@ def run_lab(config: LabConfig) -> dict:
     )
     _say(config, format_step_time(summary["step_time"]))
     return summary
-
-
-def check_same_config(run: RunDirectory, config: LabConfig) -> None:
-    """Refuse to resume a run with settings other than those it was started with."""
-    saved_path = run.path / "config.yaml"
-    if not saved_path.exists():
-        raise FileNotFoundError(f"{run.path} has no config.yaml: nothing to resume")
-    saved = yaml.safe_load(saved_path.read_text())
-    current = json.loads(json.dumps(dataclasses.asdict(config)))
-    ignored = {"resume", "overwrite", "progress"}
-    diff = sorted(k for k in current if k not in ignored and saved.get(k) != current[k])
-    if diff:
-        raise ValueError(
-            f"--resume: the settings differ from those {run.path} was started with, in: "
-            f"{', '.join(diff)}. Resume with the same flags (see {saved_path})."
-        )
 
 
 def _monitor_summary(records: list[dict]) -> dict:

@@ -18,10 +18,11 @@ from typing import Annotated, Any
 import torch
 import tyro
 
+from rlvr.config import RunExistsError
 from rlvr.models.tiny import load_model
+from rlvr.pipelines.common import user_task
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.jsonl import load_rows
-from rlvr.tasks.registry import build_task
 from rlvr.train.rejection import RejectionConfig, rejection_sample, write_jsonl
 from rlvr.verifiers.adapters import trl_reward
 from rlvr.verifiers.files import REFERENCE_FIELD
@@ -59,7 +60,7 @@ def run_sample(config: SampleConfig) -> dict[str, Any]:
     """Sample, keep the verified completions, write them to `config.output`; returns the
     rejection summary with the output path first."""
     if Path(config.output).exists() and not config.overwrite:
-        raise FileExistsError(f"{config.output} exists; pass --overwrite to replace it")
+        raise RunExistsError(f"{config.output} exists; pass --overwrite to replace it")
     rows, reward_fn, budget = prompts_and_verifier(config)
     sampling = config.sampling
     if sampling.max_new_tokens is None:
@@ -82,6 +83,6 @@ def prompts_and_verifier(
         column = REFERENCE_FIELD.get(config.verifier)
         rows = load_rows(config.task, ("prompt", column) if column else ("prompt",))
         return rows[: config.num_prompts], reward_fn, FILE_BUDGET
-    task = build_task(config.task, config.arithmetic)
+    task = user_task(config.task, config.arithmetic)
     rows = list(itertools.islice(task.train_rows(config.sampling.seed), config.num_prompts))
     return rows, task.reward_fn, task.max_new_tokens

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rlvr.config import ConfigError, to_dict
 from rlvr.models.chat import format_prompt
 from rlvr.models.tiny import (
     TinyModelConfig,
@@ -36,11 +37,10 @@ from rlvr.models.tiny import (
     load_model,
     save_model,
 )
+from rlvr.pipelines.common import open_run, user_task
 from rlvr.report.plots import plot_loss_curve
-from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.jsonl import Pair, load_pairs
-from rlvr.tasks.registry import build_task
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.sft import completion_nll, shuffled_epochs, train_next_token
@@ -105,16 +105,16 @@ class SFTConfig:
 def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig:
     """Fill the derived fields (`steps` from epochs, the default `lr`) and check the rest."""
     if (config.data is None) == (config.task is None):
-        raise ValueError("rlvr sft: pass exactly one of --data FILE.jsonl and --task NAME")
+        raise ConfigError("rlvr sft: pass exactly one of --data FILE.jsonl and --task NAME")
     if config.steps is None and num_examples is None:
-        raise ValueError("rlvr sft --task streams endless pairs: pass --steps")
+        raise ConfigError("rlvr sft --task streams endless pairs: pass --steps")
     if config.batch_size < 1 or config.max_length < 2 or config.lora_rank < 0:
-        raise ValueError("batch_size must be >= 1, max_length >= 2 and lora_rank >= 0")
+        raise ConfigError("batch_size must be >= 1, max_length >= 2 and lora_rank >= 0")
     steps = config.steps
     if steps is None:
         steps = math.ceil(config.epochs * num_examples / config.batch_size)
     if steps < 1:
-        raise ValueError(f"rlvr sft: {steps} steps; pass --steps or --epochs of at least 1")
+        raise ConfigError(f"rlvr sft: {steps} steps; pass --steps or --epochs of at least 1")
     lr = config.lr
     if lr is None:
         lr = 2e-4 if config.lora_rank > 0 else 2e-3 if config.model == "tiny" else 1e-5
@@ -155,13 +155,13 @@ def run_sft(
     if config.data is not None:
         pairs = load_pairs(config.data)  # refused before any model loads
     elif config.task is not None:
-        task = build_task(config.task, config.arithmetic, seed=config.seed)
+        task = user_task(config.task, config.arithmetic, seed=config.seed)
     config = resolve_sft_config(config, len(pairs) if pairs is not None else None)
     config = replace(config, run_dir=str(run_dir or config.run_dir))
     eval_pairs = load_pairs(config.eval_data) if config.eval_data else None
     path = Path(config.run_dir)
-    run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
-    run.write_config(config)
+    run = open_run(path.parent, path.name, overwrite=config.overwrite)
+    run.write_config(to_dict(config))
     torch.set_num_threads(config.threads)
 
     # --- model ---------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlvr.config import apply_overrides
+from rlvr.config import ConfigError, apply_overrides
 from rlvr.train.config import GRPOConfig
 
 RECIPES: dict[str, dict[str, Any]] = {
@@ -90,10 +90,31 @@ RECIPES: dict[str, dict[str, Any]] = {
 
 
 def recipe_config(name: str, base: GRPOConfig | None = None) -> GRPOConfig:
-    """`base` (default: GRPOConfig()) with the switches of recipe `name` applied."""
+    """`base` (default: GRPOConfig()) with the switches of recipe `name` applied (they replace
+    base's values). An unknown name is a `ConfigError` (a ValueError) naming the recipes."""
     if name not in RECIPES:
-        raise ValueError(f"unknown recipe {name!r}; choose one of: {', '.join(RECIPES)}")
+        raise ConfigError(f"unknown recipe {name!r}; choose one of: {', '.join(RECIPES)}")
     return apply_overrides(base or GRPOConfig(), RECIPES[name])
+
+
+def apply_recipe(name: str, config: GRPOConfig) -> GRPOConfig:
+    """`config` built on recipe `name`: the recipe is a base config, and `config`'s explicit
+    choices win. Each switch of the recipe fills the field of `config` that still has
+    `GRPOConfig`'s default; a field set to any other value is kept.
+
+    So `apply_recipe("dapo", GRPOConfig(lr=3e-5, epsilon_high=0.3))` is DAPO with that learning
+    rate and clip. A recipe switch set back to exactly the default cannot be told apart from
+    one left alone: set it after the recipe (`LabConfig.set`, or `apply_overrides` on the
+    result); the CLI does so for `rlvr train RECIPE --grpo.x DEFAULT`.
+    """
+    defaults = GRPOConfig()
+    recipe = recipe_config(name)
+    unset = {
+        key: getattr(recipe, key)
+        for key in RECIPES[name]
+        if getattr(config, key) == getattr(defaults, key)
+    }
+    return dataclasses.replace(config, **unset)
 
 
 def describe_recipe(name: str) -> str:

@@ -1,0 +1,52 @@
+"""What every pipeline entry point shares: the user-input boundary and the seed offsets.
+
+Errors a user can fix by changing a flag or a file leave here as `rlvr.config.UserError`
+(the CLI prints them on one line and exits 2): a run directory that exists, a run name or
+directory that cannot be used, an unknown task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rlvr.config import RunExistsError, UserError
+from rlvr.report.run_dir import RunDirectory
+from rlvr.tasks.registry import build_task
+from rlvr.tasks.spec import TaskSpec
+
+TRAIN_ROWS_SEED_OFFSET = 10_000
+"""Added to a run's seed to seed its stream of training rows (RL), so the rows differ from
+those any other seeded use of the same seed draws (the base corpus, evaluation)."""
+
+SAMPLE_ROWS_SEED_OFFSET = 20_000
+"""Added to a pipeline's seed to seed the prompts of a `sample` stage: other rows than the RL
+stages train on."""
+
+
+class TaskError(UserError, ValueError):
+    """A task name or task file that cannot be used (unknown task, too few distinct rows)."""
+
+
+def open_run(
+    root: str | Path, name: str, *, overwrite: bool = False, resume: bool = False
+) -> RunDirectory:
+    """`RunDirectory(root, name, ...)`, its refusals as user errors: an existing directory
+    (`RunExistsError`, a FileExistsError too), a bad name or an unwritable place."""
+    try:
+        return RunDirectory(root, name, overwrite=overwrite, resume=resume)
+    except FileExistsError as exc:
+        raise RunExistsError(str(exc)) from None
+    except (ValueError, OSError) as exc:
+        raise UserError(str(exc)) from exc
+
+
+def user_task(name: str, *args: Any, **kwargs: Any) -> TaskSpec:
+    """`build_task(name, ...)`, with its refusals (an unknown task, an unusable task file) as
+    `TaskError`; a malformed JSONL file is a `JSONLError`, a user error already."""
+    try:
+        return build_task(name, *args, **kwargs)
+    except UserError:
+        raise
+    except ValueError as exc:
+        raise TaskError(str(exc)) from exc
