@@ -162,5 +162,5 @@ def test_resume_refuses_other_settings(tmp_path: Path):
     assert (config.seed, config.grpo.lr, config.recipe) == (3, 0.001, "dapo")
     assert (config.runs_dir, config.run_name, config.resume) == (str(tmp_path), "r", str(run))
     assert resolve(LabConfig(resume=str(run), seed=3)).seed == 3  # the saved value is fine
-    with pytest.raises(UserError, match="refused: grpo.lr, threads"):
+    with pytest.raises(UserError, match="refused: threads, grpo.lr"):
         resolve(LabConfig(resume=str(run), threads=4, grpo=GRPOConfig(lr=0.5)))

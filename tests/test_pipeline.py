@@ -3,6 +3,7 @@ import json
 import pytest
 import yaml
 
+from rlvr.config import ConfigError
 from rlvr.pipelines import pipeline as pipeline_module
 from rlvr.pipelines import stages
 from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
@@ -25,9 +26,7 @@ SPEC = {
         {
             "name": "rl",
             "kind": "grpo",
-            "steps": 1,
-            "prompts_per_step": 2,
-            "group_size": 2,
+            "grpo": {"steps": 1, "prompts_per_step": 2, "group_size": 2, "checkpoint_every": 0},
             "consistency_weight": 0.5,
             "modes": ["think", "no_think"],
         },
@@ -35,7 +34,7 @@ SPEC = {
             "name": "samples",
             "kind": "sample",
             "prompts": 4,
-            "num_samples": 2,
+            "sampling": {"num_samples": 2, "max_per_prompt": 1},
             "readable_only": False,
         },
         {"name": "budget", "kind": "thinking_budget", "budgets": [0, 4]},
@@ -62,13 +61,34 @@ def test_builtin_pipelines_parse():
 
 def test_bad_pipelines_are_refused_naming_the_valid_keys(tmp_path):
     bad_key = {**SPEC, "stages": [{"name": "base", "kind": "base", "stepz": 3}]}
-    with pytest.raises(ValueError, match="stage 'base'.*stepz.*valid keys"):
+    with pytest.raises(
+        ValueError, match=r"mini.yaml: stages\[0\]: unknown key 'stepz'.*valid keys"
+    ):
         load_pipeline(write(tmp_path, bad_key))
+    old_style = {**SPEC, "stages": [{"name": "rl", "kind": "grpo", "steps": 3}]}
+    with pytest.raises(ValueError, match=r"stages\[0\]: unknown key 'steps'.*grpo"):
+        load_pipeline(write(tmp_path, old_style))
+    bad_type = {
+        **SPEC,
+        "stages": [SPEC["stages"][0], {"name": "rl", "kind": "grpo", "grpo": {"lr": "5e-4x"}}],
+    }
+    with pytest.raises(ConfigError, match=r"stages\[1\]\.grpo\.lr: expected float"):
+        load_pipeline(write(tmp_path, bad_type))
     bad_kind = {**SPEC, "stages": [{"name": "x", "kind": "dpo"}]}
     with pytest.raises(ValueError, match="unknown stage kind 'dpo'"):
         load_pipeline(write(tmp_path, bad_kind))
     with pytest.raises(FileNotFoundError, match="r1-zero"):
         load_pipeline("no-such-pipeline")
+
+
+def test_impossible_grpo_settings_are_refused_before_any_stage_runs(tmp_path):
+    spec = {
+        **SPEC,
+        "stages": [SPEC["stages"][0], {"name": "rl", "kind": "grpo", "grpo": {"group_size": 1}}],
+    }
+    with pytest.raises(ConfigError, match=r"stages\[1\] \(rl\)\.grpo: .*group_size must be >= 2"):
+        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "01-base").exists()
 
 
 def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
@@ -84,6 +104,13 @@ def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
     assert (out / "05-budget" / "thinking_budget.png").exists()
     sft_rows = [json.loads(x) for x in open(out / "02-cold" / "sft_data.jsonl")]
     assert len(sft_rows) == 12 and sum("/no_think" in r["prompt"] for r in sft_rows) == 4
+    # every stage directory has its config.yaml, resolved where a stage derives fields
+    assert all((d / "config.yaml").exists() for d in out.iterdir() if d.is_dir())
+    rl = yaml.safe_load((out / "03-rl" / "config.yaml").read_text())
+    grpo = yaml.safe_load((out / "03-rl" / "grpo" / "config.yaml").read_text())
+    assert grpo["steps"] == 1 and grpo["max_new_tokens"] == rl["grpo"]["max_new_tokens"] > 0
+    sampling = yaml.safe_load((out / "04-samples" / "config.yaml").read_text())["sampling"]
+    assert sampling["num_samples"] == 2 and sampling["max_new_tokens"] > 0
 
     # resume: nothing re-runs; a changed stage re-runs with everything after it
     calls = []
@@ -97,7 +124,7 @@ def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
     run_pipeline(load_pipeline(write(tmp_path, SPEC)), out, progress=False)
     assert calls == []
     changed = json.loads(json.dumps(SPEC))
-    changed["stages"][3]["num_samples"] = 3
+    changed["stages"][3]["sampling"]["num_samples"] = 3
     run_pipeline(load_pipeline(write(tmp_path, changed)), out, progress=False)
     assert calls == ["sample", "thinking_budget"]
 
@@ -105,7 +132,7 @@ def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
 def test_sample_stage_keeps_only_verified_readable_rows(tmp_path):
     spec = json.loads(json.dumps(SPEC))
     spec["stages"] = spec["stages"][:1] + [
-        {"name": "samples", "kind": "sample", "prompts": 8, "num_samples": 4}
+        {"name": "samples", "kind": "sample", "prompts": 8, "sampling": {"num_samples": 4}}
     ]
     run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
     from rlvr.tasks import reasoning

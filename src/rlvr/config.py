@@ -135,6 +135,20 @@ def to_dict(config: Any) -> dict[str, Any]:
     return {f.name: _plain(getattr(config, f.name)) for f in dataclasses.fields(config) if f.init}
 
 
+def read_yaml(path: str | os.PathLike[str]) -> Any:
+    """The data of the YAML file `path` (None for an empty file); an unreadable file or invalid
+    YAML is a one-line ConfigError that starts with the file's path."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML{_yaml_problem(exc)}") from None
+
+
 def load_yaml_config(cls: type[T], path: str | os.PathLike[str], *, where: str = "") -> T:
     """Read the YAML file `path` into the dataclass `cls` with `from_dict`.
 
@@ -142,14 +156,7 @@ def load_yaml_config(cls: type[T], path: str | os.PathLike[str], *, where: str =
     wrong type) is a one-line ConfigError that starts with the file's path.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the file ({exc.strerror or exc})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML{_yaml_problem(exc)}") from None
+    data = read_yaml(path)
     try:
         return from_dict(cls, {} if data is None else data, where=where)
     except ConfigError as exc:

@@ -23,17 +23,16 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from rlvr.config import config_from_dict
+from rlvr.config import ConfigError, UserError, from_dict, read_yaml
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
 from rlvr.report.plots import plot_pipeline
 from rlvr.tasks import reasoning
+from rlvr.tasks.spec import TaskSpec
 from rlvr.train.evaluate import evaluate_stage_model
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -45,6 +44,18 @@ class Stage:
     name: str
     kind: str
     settings: Any  # the kind's dataclass (stages.STAGE_KINDS)
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """The top-level keys of a pipeline file other than `stages`, type-checked."""
+
+    name: str = ""
+    description: str = ""
+    task: reasoning.ReasoningTaskConfig = field(default_factory=reasoning.ReasoningTaskConfig)
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    seed: int = 0
+    eval_modes: tuple[str, ...] = ("default",)
 
 
 @dataclass(frozen=True)
@@ -63,52 +74,66 @@ def builtin_pipelines() -> list[str]:
     return sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml"))
 
 
+class PipelineNotFoundError(UserError, FileNotFoundError):
+    """A pipeline name that is neither built in nor a file."""
+
+
 def load_pipeline(name_or_path: str) -> Pipeline:
-    """A built-in pipeline by name, or a YAML file; every key is checked before anything runs."""
+    """A built-in pipeline by name, or a YAML file; every key and type is checked before anything
+    runs (errors are `ConfigError`s that start with the file's path)."""
     path = Path(name_or_path)
     if not path.suffix and (BUILTIN_DIR / f"{name_or_path}.yaml").exists():
         path = BUILTIN_DIR / f"{name_or_path}.yaml"
     if not path.exists():
-        raise FileNotFoundError(
+        raise PipelineNotFoundError(
             f"no pipeline {name_or_path!r}: use one of {builtin_pipelines()} or a YAML file"
         )
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path) or {}
     return parse_pipeline(data, default_name=path.stem, source=str(path))
 
 
 def parse_pipeline(data: dict[str, Any], default_name: str, source: str) -> Pipeline:
-    """A Pipeline from a pipeline file's data; unknown keys, kinds and modes are refused,
-    naming `source`."""
+    """A Pipeline from a pipeline file's data; unknown keys, kinds and modes and wrong types
+    are refused, naming `source` and the field's path (`stages[2].grpo.lr`)."""
+    try:
+        return _parse(data, default_name)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def _parse(data: Any, default_name: str) -> Pipeline:
+    """`parse_pipeline` without the source in its errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a pipeline file is a mapping of {list(TOP_LEVEL_KEYS)}")
     unknown = sorted(set(data) - set(TOP_LEVEL_KEYS))
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {unknown}; valid: {list(TOP_LEVEL_KEYS)}")
-    if not data.get("stages"):
-        raise ValueError(f"{source}: a pipeline needs a non-empty `stages` list")
+        raise ConfigError(f"unknown key(s) {unknown}; valid: {list(TOP_LEVEL_KEYS)}")
+    if not data.get("stages") or not isinstance(data["stages"], list):
+        raise ConfigError("a pipeline needs a non-empty `stages` list")
     parsed, names = [], set()
     for i, entry in enumerate(data["stages"]):
+        where = f"stages[{i}]"
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}: a stage is a mapping with `name` and `kind`")
         entry = dict(entry)
         name, kind = entry.pop("name", None), entry.pop("kind", None)
         if not name or not kind:
-            raise ValueError(f"{source}: stage {i + 1} needs a `name` and a `kind`")
+            raise ConfigError(f"{where}: a stage needs a `name` and a `kind`")
         if name in names:
-            raise ValueError(f"{source}: two stages are named {name!r}")
+            raise ConfigError(f"{where}: two stages are named {name!r}")
         names.add(name)
-        try:
-            settings = stages.stage_settings(kind, entry)
-        except ValueError as exc:
-            raise ValueError(f"{source}: stage {name!r}: {exc}") from None
-        parsed.append(Stage(name, kind, settings))
-    modes = tuple(data.get("eval_modes", ("default",)))
-    bad = [m for m in modes if m not in reasoning.MODES]
+        parsed.append(Stage(name, kind, stages.stage_settings(kind, entry, where=where)))
+    top = from_dict(PipelineSettings, {k: v for k, v in data.items() if k != "stages"})
+    bad = [m for m in top.eval_modes if m not in reasoning.MODES]
     if bad:
-        raise ValueError(f"{source}: eval_modes {bad} not in {list(reasoning.MODES)}")
+        raise ConfigError(f"eval_modes {bad} not in {list(reasoning.MODES)}")
     return Pipeline(
-        name=data.get("name", default_name),
-        description=data.get("description", ""),
-        task=config_from_dict(reasoning.ReasoningTaskConfig, data.get("task", {})),
-        tiny=config_from_dict(TinyModelConfig, data.get("tiny", {})),
-        seed=int(data.get("seed", 0)),
-        eval_modes=modes,
+        name=top.name or default_name,
+        description=top.description,
+        task=top.task,
+        tiny=top.tiny,
+        seed=top.seed,
+        eval_modes=top.eval_modes,
         stages=tuple(parsed),
     )
 
@@ -135,6 +160,7 @@ def run_pipeline(
     out.mkdir(parents=True, exist_ok=True)
     task = reasoning.task_spec(pipeline.task)
     ctx = stages.PipelineContext(pipeline.task, task, pipeline.tiny, pipeline.seed, progress)
+    check_stages(pipeline, task)
     report: list[dict[str, Any]] = []
     for index, stage in enumerate(pipeline.stages):
         stage_dir = out / f"{index + 1:02d}-{stage.name}"
@@ -151,6 +177,7 @@ def run_pipeline(
         else:
             shutil.rmtree(stage_dir, ignore_errors=True)  # a changed or half-done stage
             stage_dir.mkdir(parents=True)
+            stages.write_stage_config(stage_dir, stage.settings)
             _say(progress, f"stage {index + 1}/{len(pipeline.stages)}: {stage.name} ({stage.kind})")
             start = time.perf_counter()
             run_stage = stages.STAGE_KINDS[stage.kind][1]
@@ -188,6 +215,17 @@ def run_pipeline(
             _say(progress, f"  {stage.name}: " + _one_line(record["eval"]))
     write_report(pipeline, report, out)
     return report
+
+
+def check_stages(pipeline: Pipeline, task: TaskSpec) -> None:
+    """Check every GRPO stage's switches (`check_grpo_config`, through `grpo_stage_config`)
+    before the first stage runs; a ConfigError names the stage."""
+    for index, stage in enumerate(pipeline.stages):
+        if isinstance(stage.settings, stages.GRPOStage):
+            try:
+                stages.grpo_stage_config(stage.settings, task)
+            except ConfigError as exc:
+                raise ConfigError(f"stages[{index}] ({stage.name}).{exc}") from None
 
 
 def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) -> None:

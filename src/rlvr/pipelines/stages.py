@@ -27,16 +27,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 
-from rlvr.config import apply_overrides, config_from_dict
+from rlvr.config import ConfigError, apply_overrides, from_dict, to_dict
 from rlvr.models.tiny import TinyModelConfig, load_model, save_model
 from rlvr.pipelines.base_model import BaseConfig, cached_base_model, resolved_hedge_prob
+from rlvr.pipelines.common import SAMPLE_ROWS_SEED_OFFSET, TRAIN_ROWS_SEED_OFFSET
 from rlvr.pipelines.sft import SFTConfig, run_sft
 from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import reasoning
 from rlvr.tasks.spec import TaskSpec
-from rlvr.train.config import GRPOConfig
+from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.evaluate import held_out_accuracy, think_mode_check, thinking_budget_curve
 from rlvr.train.grpo import train_grpo
 from rlvr.train.rejection import RejectionConfig, rejection_sample
@@ -59,10 +61,10 @@ class PipelineContext:
         """The model directory of `stage` (None: the latest model-producing stage)."""
         if stage is None:
             if self.last_model is None:
-                raise ValueError("no earlier stage produced a model: start with a `base` stage")
+                raise ConfigError("no earlier stage produced a model: start with a `base` stage")
             return self.last_model
         if "model" not in self.outputs.get(stage, {}):
-            raise ValueError(f"stage {stage!r} did not run earlier or produced no model")
+            raise ConfigError(f"stage {stage!r} did not run earlier or produced no model")
         return self.outputs[stage]["model"]
 
 
@@ -133,7 +135,7 @@ def sft_pairs(sources: tuple[str, ...], ctx: PipelineContext, seed: int) -> list
                 ]
             rows += stage_rows
         else:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown SFT data source {source!r}: use readable:N, think:N, no_think:N, "
                 "the name of an earlier sample stage, or STAGE@MODE"
             )
@@ -168,15 +170,18 @@ def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[st
 # --- grpo --------------------------------------------------------------------------------
 
 
+MAX_STEPS_WITH_TIME_LIMIT = 10_000
+"""The step cap of a GRPO stage with `same_time_as`: its time limit ends it first."""
+
+
 @dataclass(frozen=True)
 class GRPOStage:
-    """GRPO from `model` on the strict verifier (+ `consistency_weight` x readability)."""
+    """GRPO from `model` on the strict verifier (+ `consistency_weight` x readability); the
+    trainer's own switches are `grpo` (YAML `grpo: {steps: 40, lr: 1.0e-4}`), GRPOConfig's
+    defaults where not given (`max_new_tokens` None: the task's budget)."""
 
     model: str | None = None
-    steps: int = 60
-    lr: float = 1e-4
-    prompts_per_step: int = 16
-    group_size: int = 8
+    """Stage whose model is trained (default: the previous model-producing stage)."""
     consistency_weight: float = 0.0
     """Weight of R1's language-consistency reward (the readability score of each completion)."""
     mode_weight: float = 0.0
@@ -184,34 +189,40 @@ class GRPOStage:
     modes: tuple[str, ...] = ("default",)
     """Thinking modes of the training prompts, cycled (e.g. [think, no_think])."""
     same_time_as: str | None = None
-    """Stop after as many wall seconds as this earlier stage took (equal-compute comparison)."""
+    """Stop after as many wall seconds as this earlier stage took (equal-compute comparison);
+    `grpo.steps` is then `MAX_STEPS_WITH_TIME_LIMIT`."""
     seed: int = 0
-    grpo: dict[str, Any] = field(default_factory=dict)
-    """Any other GRPOConfig switches, e.g. {beta: 0.01}."""
+    """Added to the pipeline's seed for this stage's rows and sampling."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    """The trainer's switches (`rlvr.train.config.GRPOConfig`)."""
+
+
+def grpo_stage_config(s: GRPOStage, task: TaskSpec, max_seconds: float = 0.0) -> GRPOConfig:
+    """The stage's GRPOConfig as it trains: the task's budget where `max_new_tokens` is None and,
+    with a time limit, the step cap. Checked by `check_grpo_config` (a ConfigError)."""
+    config = s.grpo
+    if config.max_new_tokens is None:
+        config = dataclasses.replace(config, max_new_tokens=task.max_new_tokens)
+    if max_seconds:
+        config = dataclasses.replace(
+            config, steps=MAX_STEPS_WITH_TIME_LIMIT, max_seconds=max_seconds
+        )
+    try:
+        check_grpo_config(config)
+    except ValueError as exc:
+        raise ConfigError(f"grpo: {exc}") from exc
+    return config
 
 
 def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
     """GRPO from the stage's model on the task's strict reward plus the weighted extras."""
-    model, tokenizer = load_model(ctx.model_of(s.model))
     max_seconds = 0.0
     if s.same_time_as is not None:
         if s.same_time_as not in ctx.seconds:
-            raise ValueError(f"same_time_as: stage {s.same_time_as!r} has not run")
+            raise ConfigError(f"same_time_as: stage {s.same_time_as!r} has not run")
         max_seconds = ctx.seconds[s.same_time_as]
-    steps = s.steps if not max_seconds else 10_000  # the time limit ends it
-    config = apply_overrides(
-        GRPOConfig(
-            steps=steps,
-            lr=s.lr,
-            prompts_per_step=s.prompts_per_step,
-            group_size=s.group_size,
-            max_new_tokens=ctx.task.max_new_tokens,
-            eval_every=max(20, s.steps // 3),
-            checkpoint_every=0,
-            max_seconds=max_seconds,
-        ),
-        s.grpo,
-    )
+    config = grpo_stage_config(s, ctx.task, max_seconds)
+    model, tokenizer = load_model(ctx.model_of(s.model))
     reward_fns, weights = [ctx.task.reward_fn], [1.0]
     if s.consistency_weight:
         reward_fns.append(reasoning.format_consistency_reward)
@@ -226,16 +237,19 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
         budget = ctx.task.max_new_tokens
         return {"greedy_acc": held_out_accuracy(m, tokenizer, held_out, ctx.task.score, budget)}
 
+    write_stage_config(stage_dir, dataclasses.replace(s, grpo=config))
     run = RunDirectory(stage_dir, "grpo", overwrite=True)
+    run.write_config(to_dict(config))
+    seed = ctx.seed + s.seed
     train_grpo(
         model,
         tokenizer,
-        rows_in_modes(ctx.task.train_rows(ctx.seed + s.seed + 10_000), s.modes),
+        rows_in_modes(ctx.task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), s.modes),
         reward_fns,
         config,
         run,
         evaluate,
-        seed=ctx.seed + s.seed,
+        seed=seed,
         reward_weights=weights,
         progress=ctx.progress,
         strict_reward_fn=ctx.task.reward_fn,
@@ -254,34 +268,37 @@ def rows_in_modes(rows: Iterator[dict[str, Any]], modes: tuple[str, ...]) -> Ite
 
 @dataclass(frozen=True)
 class SampleStage:
-    """Rejection sampling from `model`: verified completions as SFT data."""
+    """Rejection sampling from `model`: verified completions as SFT data. How to sample and
+    what to keep is `sampling` (`rlvr.train.rejection.RejectionConfig`, YAML
+    `sampling: {num_samples: 4, max_per_prompt: 1}`); `max_new_tokens` None is the task's
+    budget, and `sampling.seed` is added to the pipeline's seed."""
 
     model: str | None = None
+    """Stage whose model samples (default: the previous model-producing stage)."""
     prompts: int = 512
-    num_samples: int = 4
-    temperature: float = 1.0
-    max_per_prompt: int = 1
+    """Training prompts to sample for."""
     readable_only: bool = True
     """Keep only completions whose think block is entirely in digit notation (R1 filters out
     mixed-language chains of thought)."""
     modes: tuple[str, ...] = ("default",)
-    seed: int = 0
+    """Thinking modes of the prompts, cycled."""
+    sampling: RejectionConfig = field(default_factory=RejectionConfig)
+    """How many completions per prompt, at what temperature, and which to keep."""
 
 
 def run_sample_stage(s: SampleStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
     """Rejection-sample the stage's model on training prompts; write the kept rows."""
-    model, tokenizer = load_model(ctx.model_of(s.model))
-    stream = rows_in_modes(ctx.task.train_rows(ctx.seed + s.seed + 20_000), s.modes)
-    rows = [next(stream) for _ in range(s.prompts)]
-    config = RejectionConfig(
-        num_samples=s.num_samples,
-        temperature=s.temperature,
-        max_new_tokens=ctx.task.max_new_tokens,
-        max_per_prompt=s.max_per_prompt,
-        seed=ctx.seed + s.seed,
-        chat_template=False,
-        progress=ctx.progress,
+    seed = ctx.seed + s.sampling.seed
+    config = dataclasses.replace(
+        s.sampling,
+        max_new_tokens=s.sampling.max_new_tokens or ctx.task.max_new_tokens,
+        seed=seed,
+        progress=ctx.progress and s.sampling.progress,
     )
+    write_stage_config(stage_dir, dataclasses.replace(s, sampling=config))
+    model, tokenizer = load_model(ctx.model_of(s.model))
+    stream = rows_in_modes(ctx.task.train_rows(seed + SAMPLE_ROWS_SEED_OFFSET), s.modes)
+    rows = [next(stream) for _ in range(s.prompts)]
 
     def readable(row: dict, completion: str) -> bool:
         """Whether the completion's think block is all in digit notation."""
@@ -347,14 +364,24 @@ STAGE_KINDS: dict[str, tuple[type, Callable[..., dict[str, str]]]] = {
 }
 
 
-def stage_settings(kind: str, params: dict[str, Any]) -> Any:
-    """The settings dataclass of a stage of `kind`; unknown kinds and keys name the valid
-    ones."""
+def stage_settings(kind: str, params: dict[str, Any], where: str = "") -> Any:
+    """The settings dataclass of a stage of `kind`, every value type-checked (`from_dict`);
+    unknown kinds and keys name the valid ones, errors name the field's path under `where`."""
     if kind not in STAGE_KINDS:
-        raise ValueError(f"unknown stage kind {kind!r}; valid kinds: {sorted(STAGE_KINDS)}")
-    return config_from_dict(STAGE_KINDS[kind][0], params)
+        raise ConfigError(
+            f"{where}: unknown stage kind {kind!r}; valid kinds: {sorted(STAGE_KINDS)}"
+        )
+    return from_dict(STAGE_KINDS[kind][0], params, where=where)
+
+
+def write_stage_config(stage_dir: Path, settings: Any) -> Path:
+    """Write the stage's settings to `stage_dir/config.yaml` (`run_pipeline` writes them as
+    read; a stage with derived fields writes them again, resolved)."""
+    path = stage_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(to_dict(settings), sort_keys=False))
+    return path
 
 
 def settings_dict(settings: Any) -> dict[str, Any]:
-    """A stage's settings as plain JSON values (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(settings)))
+    """A stage's settings as plain data (tuples become lists): its config.yaml and its key."""
+    return to_dict(settings)
