@@ -66,7 +66,7 @@ def test_every_recipe_trains_a_few_steps(name, tmp_path):
     from tests.test_lab import TINY
 
     runs = tmp_path / "runs"
-    main(["train", "--recipe", name, "--runs-dir", str(runs), "--cache-dir",
+    main(["train", name, "--runs-dir", str(runs), "--cache-dir",
           str(tmp_path / "cache"), "--run-name", "r", *TINY])  # fmt: skip
     from rlvr.report.run_dir import read_jsonl
 

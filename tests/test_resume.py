@@ -14,7 +14,10 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.cli import main
+from rlvr.config import UserError
+from rlvr.pipelines.lab import LabConfig, run_lab
 from rlvr.report.run_dir import read_jsonl
+from tests.test_cli import cli_error
 from tests.test_lab import TINY
 
 STEPS = 12
@@ -96,21 +99,21 @@ def test_sigterm_finishes_the_step_and_checkpoints(tmp_path):
     assert (run / "checkpoints" / f"step-{steps_done:06d}" / "COMPLETE").exists()
 
 
-def test_resume_takes_the_saved_config_and_refuses_other_flags(tmp_path):
+def test_resume_takes_the_saved_config_and_refuses_other_flags(tmp_path, capsys):
     main(lab_args(tmp_path, "a"))
     run = tmp_path / "runs" / "a"
-    with pytest.raises(ValueError, match="refused: --grpo.lr 0.5"):
-        main(["train", "--resume", str(run), "--grpo.lr", "0.5"])
-    with pytest.raises(FileNotFoundError, match="nothing to resume"):
-        main(["train", "--resume", str(tmp_path / "runs" / "never-started")])
+    message = cli_error(["train", "--resume", str(run), "--grpo.lr", "0.5"], capsys)
+    assert message.endswith("so they are refused: grpo.lr")
+    never = tmp_path / "runs" / "never-started"
+    assert cli_error(["train", "--resume", str(never)], capsys).endswith("nothing to resume")
     before = read_jsonl(run / "metrics.jsonl")
     main(["train", "--resume", str(run), "--no-progress"])  # finished run: nothing to redo
     assert stable(read_jsonl(run / "metrics.jsonl")) == stable(before)
-    # the saved config is what a resume uses, even with none of the original flags
-    with pytest.raises(ValueError, match="settings differ"):
-        from rlvr.pipelines.lab import LabConfig, run_lab
-
-        run_lab(LabConfig(runs_dir=str(tmp_path / "runs"), run_name="a", resume=True))
+    # the saved config is what a resume uses, also from the library with none of the flags
+    run_lab(LabConfig(resume=str(run), progress=False))
+    assert stable(read_jsonl(run / "metrics.jsonl")) == stable(before)
+    with pytest.raises(UserError, match="refused: seed"):
+        run_lab(LabConfig(resume=str(run), seed=5))
 
 
 def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
@@ -132,20 +135,22 @@ def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):
     assert [r.get("update/nonfinite") for r in records[1:]] == [1.0, 1.0]
 
 
-def test_bad_inputs_are_refused_before_any_compute(tmp_path):
+def test_bad_inputs_are_refused_before_any_compute(tmp_path, capsys):
+    runs = ["--runs-dir", str(tmp_path / "runs")]
     data = tmp_path / "rows.jsonl"
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "  ", "answer": "3"}\n')
-    with pytest.raises(ValueError, match=r"rows.jsonl:2.*prompt"):
-        main(["train", "--task", str(data), "--runs-dir", str(tmp_path / "runs")])
+    assert "rows.jsonl:2: field 'prompt'" in cli_error(
+        ["train", "--task", str(data), *runs], capsys
+    )
     data.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
-    with pytest.raises(ValueError, match=r"rows.jsonl:2.*answer"):
-        main(["train", "--task", str(data), "--runs-dir", str(tmp_path / "runs")])
-    with pytest.raises(ValueError, match="unknown task"):
-        main(["train", "--task", "poetry", "--runs-dir", str(tmp_path / "runs")])
-    with pytest.raises(ValueError, match="did you mean 'epsilon_low'"):
-        main(["train", "--set", "epsilon_lo=0.1", "--runs-dir", str(tmp_path / "runs")])
-    with pytest.raises(ValueError, match="group_size must be >= 2"):
-        main(["train", "--grpo.group-size", "1", "--runs-dir", str(tmp_path / "runs")])
+    assert "rows.jsonl:2: missing field 'answer'" in cli_error(
+        ["train", "--task", str(data), *runs], capsys
+    )
+    assert "unknown task" in cli_error(["train", "--task", "poetry", *runs], capsys)
+    message = cli_error(["train", "--set", "epsilon_lo=0.1", *runs], capsys)
+    assert "did you mean 'epsilon_low'" in message
+    message = cli_error(["train", "--grpo.group-size", "1", *runs], capsys)
+    assert "group_size must be >= 2" in message
     read_only = tmp_path / "ro"
     read_only.mkdir()
     read_only.chmod(0o500)
@@ -153,5 +158,6 @@ def test_bad_inputs_are_refused_before_any_compute(tmp_path):
         read_only.chmod(0o700)
         read_only = tmp_path / "a-file"
         read_only.write_text("")
-    with pytest.raises((PermissionError, FileExistsError, NotADirectoryError, FileNotFoundError)):
-        main(["train", "--runs-dir", str(read_only), "--no-progress"])
+    with pytest.raises(UserError):  # the library's error: PermissionError or NotADirectoryError
+        run_lab(LabConfig(runs_dir=str(read_only), progress=False))
+    assert cli_error(["train", "--runs-dir", str(read_only), "--no-progress"], capsys)

@@ -10,7 +10,6 @@ from rlvr.cli import main
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.report.run_dir import read_jsonl
 from rlvr.rollout.sampler import sample_completions
-from rlvr.tasks.jsonl import JSONLError
 from rlvr.train.rejection import (
     STAGES,
     RejectionConfig,
@@ -19,6 +18,7 @@ from rlvr.train.rejection import (
 )
 from rlvr.train.sft import shuffled_epochs, train_next_token
 from rlvr.verifiers.math import math_reward, score
+from tests.test_cli import cli_error
 
 PROMPTS = [f"q{i}?" for i in range(5)]
 # for the answer "1" the math verifier accepts the first three (two are the same text up to
@@ -170,8 +170,7 @@ def test_sample_command_output_trains_with_sft(model_and_tokenizer, tmp_path, ca
     assert all(
         k["reward"] == 1.0 and {"prompt", "completion", "answer", "id"} <= set(k) for k in kept
     )
-    with pytest.raises(FileExistsError, match="--overwrite"):
-        main(args)
+    assert "--overwrite" in cli_error(args, capsys)
 
     # the kept lines are SFT data as they are
     run = tmp_path / "sft"
@@ -229,15 +228,13 @@ def test_sample_command_on_a_task_and_on_bad_rows(model_and_tokenizer, tmp_path,
     assert summary["prompts"] == 3 and summary["sampled"] == 6 and out.exists()
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
-    with pytest.raises(JSONLError, match=r"bad.jsonl:2: missing field 'answer'"):
-        main(
-            [
-                "sample",
-                "--model",
-                str(model_dir),
-                "--task",
-                str(bad),
-                "--output",
-                str(tmp_path / "x.jsonl"),
-            ]
-        )
+    args = [
+        "sample",
+        "--model",
+        str(model_dir),
+        "--task",
+        str(bad),
+        "--output",
+        str(tmp_path / "x.jsonl"),
+    ]
+    assert cli_error(args, capsys).startswith(f"{bad}:2: missing field 'answer'")

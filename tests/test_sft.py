@@ -26,6 +26,7 @@ from rlvr.train.sft import (
     supervised_batch,
     train_next_token,
 )
+from tests.test_cli import cli_error
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
 X = IGNORE_INDEX
@@ -237,7 +238,7 @@ def test_sft_command_writes_a_run_directory(tmp_path, capsys):
     # every sequence is 4 prompt + 1 answer + EOS = 6 tokens > 5: all 6 sequences were cut
     assert summary["steps"] == 3 and summary["truncated_sequences"] == 6
     load_model(run / "model")
-    with pytest.raises(FileExistsError, match="--overwrite"):
-        main(args)
-    with pytest.raises(ValueError, match="exactly one of --data"):
-        main(["sft", "--run-dir", str(tmp_path / "none")])
+    assert "--overwrite" in cli_error(args, capsys)
+    assert "exactly one of --data" in cli_error(
+        ["sft", "--run-dir", str(tmp_path / "none")], capsys
+    )
