@@ -100,9 +100,10 @@ def grpo_step(
                 update_metrics |= learner.critic_step(data, timer)
         rollout.sync(learner)
 
-    # 6. metrics: the rollouts', the update's, and where the seconds went
-    metrics |= update_metrics | rollout_metrics(batch, rewards, shaped)
-    return StepResult(batch, rewards, metrics | throughput(batch, timer.metrics()))
+    # 6. metrics: where the seconds went (the step ends here), the rollouts', the update's
+    times = timer.metrics()
+    metrics |= update_metrics | rollout_metrics(batch, rewards, shaped) | throughput(batch, times)
+    return StepResult(batch, rewards, metrics)
 
 
 def rollout_metrics(
