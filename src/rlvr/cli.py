@@ -21,6 +21,7 @@ from rlvr.pipelines.sample import SampleConfig, run_sample  # noqa: E402
 from rlvr.pipelines.sft import SFTConfig, run_sft  # noqa: E402
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
 from rlvr.tasks.reasoning import ReasoningTaskConfig  # noqa: E402
+from rlvr.train.config import GRPOConfig  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ class RecipesConfig:
     """The recipe to show."""
 
 
+def _compare_train_default() -> LabConfig:
+    """What every recipe of `rlvr compare` trains by default: 60 steps, overwriting, quiet."""
+    return LabConfig(overwrite=True, progress=False, grpo=GRPOConfig(steps=60))
+
+
 @dataclass(frozen=True)
 class CompareConfig:
     """`rlvr compare`: several recipes on the same task, base model, seed and budget."""
@@ -102,14 +108,10 @@ class CompareConfig:
     """Comma-separated recipe names (see `rlvr recipes`)."""
     name: str = "compare"
     """The comparison's directory under --runs-dir (each recipe gets NAME-RECIPE beside it)."""
-    runs_dir: str = "runs"
-    """Where run directories are created."""
-    steps: int = 60
-    """Steps per recipe."""
-    seed: int = 0
-    """The same seed for every recipe."""
-    train_args: str = ""
-    """Further arguments for every `rlvr train`, e.g. "--model DIR --arithmetic.digits 2"."""
+    train: LabConfig = field(default_factory=_compare_train_default)
+    """The lab's settings for every recipe: `rlvr train`'s flags under --train. (--train.runs-dir,
+    --train.seed, --train.model, --train.grpo.steps, ...). Each recipe fills the grpo fields
+    left at their defaults; to set a recipe's switch back to its default, use --train.set."""
 
 
 def sample(config: SampleConfig) -> dict:
@@ -125,22 +127,15 @@ def sft(config: SFTConfig) -> None:
 
 
 def compare(config: CompareConfig) -> None:
-    """`rlvr compare`: one `rlvr train` per recipe, then one figure and one table."""
-    import shlex
-
+    """`rlvr compare`: one child process running the lab per recipe, then one figure and one
+    table."""
     from rlvr.pipelines.compare import compare_recipes
+    from rlvr.train.recipes import recipe_config
 
-    args = [
-        "--grpo.steps",
-        str(config.steps),
-        "--seed",
-        str(config.seed),
-        "--overwrite",
-        "--no-progress",
-        *shlex.split(config.train_args),
-    ]
     recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
-    compare_recipes(recipes, config.runs_dir, config.name, args)
+    for recipe in recipes:
+        recipe_config(recipe)  # an unknown name is refused before the first child starts
+    compare_recipes(recipes, config.train, config.name)
 
 
 def lab(config: LabConfig) -> None:

@@ -1,31 +1,56 @@
 """`rlvr compare`: the same task, base model, seed and budget for several recipes.
 
-Each recipe runs as its own `rlvr train` process (so its peak memory is its own, read from the
-kernel's accounting of that child), then one figure and one table compare them.
+Each recipe runs `run_lab` in its own child process (multiprocessing's spawn context: a fresh
+interpreter, so its peak memory is its own, `ru_maxrss` of that child), with one typed
+`LabConfig` whose `recipe` is set per child; then one figure and one table compare them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
-import subprocess
-import sys
+import multiprocessing
+import resource
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from rlvr.config import UserError
+from rlvr.pipelines.lab import LabConfig, run_lab
 from rlvr.report.run_dir import read_jsonl
 
 
-def run_recipe(recipe: str, run_name: str, args: list[str]) -> dict[str, Any]:
-    """Run `rlvr train --recipe recipe` in a child process; return its peak RSS and status."""
-    command = [sys.executable, "-m", "rlvr.cli", "train", "--recipe", recipe,
-               "--run-name", run_name, *args]  # fmt: skip
-    process = subprocess.Popen(command)
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        raise RuntimeError(f"recipe {recipe} failed (exit {process.returncode}): {command}")
-    return {"peak_rss_mb": usage.ru_maxrss / 1024}  # ru_maxrss is in KiB on Linux
+def run_recipe(config: LabConfig) -> dict[str, Any]:
+    """`run_lab(config)` in a spawned child process; return its peak RSS. A user error in the
+    child is raised here as a UserError with its message, any other failure as RuntimeError."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    child = context.Process(target=_run_child, args=(config, sender))
+    child.start()
+    sender.close()
+    try:
+        kind, value = receiver.recv()
+    except EOFError:
+        kind, value = "error", "the child process ended without a result"
+    child.join()
+    if kind == "user":
+        raise UserError(f"recipe {config.recipe}: {value}")
+    if kind != "ok" or child.exitcode != 0:
+        raise RuntimeError(f"recipe {config.recipe} failed (exit {child.exitcode}): {value}")
+    return {"peak_rss_mb": value / 1024}  # ru_maxrss is in KiB on Linux
+
+
+def _run_child(config: LabConfig, sender: Connection) -> None:
+    """The child's work: the lab, then ("ok", peak RSS in KiB) or the error, through `sender`."""
+    try:
+        run_lab(config)
+    except UserError as exc:
+        sender.send(("user", str(exc)))
+        return
+    except BaseException as exc:
+        sender.send(("error", f"{type(exc).__name__}: {exc}"))
+        raise
+    sender.send(("ok", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss))
 
 
 def summarize_run(run_dir: Path, peak_rss_mb: float, target: float = 0.8) -> dict[str, Any]:
@@ -40,29 +65,41 @@ def summarize_run(run_dir: Path, peak_rss_mb: float, target: float = 0.8) -> dic
         "final_greedy_acc": summary["final_greedy_acc"],
         "final_sampled_acc": summary["final_sampled_acc"],
         "steps_to_80pct": reached[0] if reached else None,
-        "frac_zero_std_groups": _mean([m["frac_zero_std_groups"] for m in steps]),
-        "completion_len_mean": _mean([m["completion/len_mean"] for m in steps]),
+        "frac_zero_std_groups": _mean([m.get("frac_zero_std_groups") for m in steps]),
+        "completion_len_mean": _mean([m.get("completion/len_mean") for m in steps]),
         "seconds_per_step": step_times[len(step_times) // 2] if step_times else None,
         "peak_rss_mb": peak_rss_mb,
     }
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of the values present (None when none are: a metric a recipe does not log)."""
+    present = [v for v in values if v is not None]
+    return sum(present) / len(present) if present else None
+
+
+def _number(value: float | None, spec: str) -> str:
+    """`value` formatted by `spec`, or n/a."""
+    return "n/a" if value is None else format(value, spec)
 
 
 def format_table(rows: dict[str, dict[str, Any]]) -> str:
     """A Markdown table, one line per recipe."""
-    header = ("| recipe | final greedy acc | final sampled acc | steps to 80% | zero-var groups "
-              "| mean length | s/step | peak RSS MB |")  # fmt: skip
+    header = (
+        "| recipe | final greedy acc | final sampled acc | steps to 80% | zero-var groups "
+        "| mean length | s/step | peak RSS MB |"
+    )
     lines = [header, "|" + " --- |" * 8]
     for name, r in rows.items():
         cells = [
-            f"{r['final_greedy_acc']:.3f}", f"{r['final_sampled_acc']:.3f}",
+            f"{r['final_greedy_acc']:.3f}",
+            f"{r['final_sampled_acc']:.3f}",
             str(r["steps_to_80pct"]) if r["steps_to_80pct"] is not None else "not reached",
-            f"{r['frac_zero_std_groups']:.2f}", f"{r['completion_len_mean']:.1f}",
-            f"{r['seconds_per_step']:.2f}", f"{r['peak_rss_mb']:.0f}",
-        ]  # fmt: skip
+            _number(r["frac_zero_std_groups"], ".2f"),
+            _number(r["completion_len_mean"], ".1f"),
+            _number(r["seconds_per_step"], ".2f"),
+            f"{r['peak_rss_mb']:.0f}",
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -86,8 +123,9 @@ def plot_comparison(runs: dict[str, Path], path: Path) -> Path:
         metrics = read_jsonl(run_dir / "metrics.jsonl")
         for ax, (key, title) in zip(axes, panels):
             points = [m for m in metrics if key in m]
-            ax.plot([m["step"] for m in points], [m[key] for m in points], label=name,
-                    marker="o" if key.startswith("eval/") else None, ms=3)  # fmt: skip
+            marker = "o" if key.startswith("eval/") else None
+            steps = [m["step"] for m in points]
+            ax.plot(steps, [m[key] for m in points], label=name, marker=marker, ms=3)
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -96,19 +134,20 @@ def plot_comparison(runs: dict[str, Path], path: Path) -> Path:
 
 
 def compare_recipes(
-    recipes: list[str], runs_dir: str, name: str, train_args: list[str], progress: bool = True
+    recipes: list[str], train: LabConfig, name: str, progress: bool = True
 ) -> dict[str, dict[str, Any]]:
-    """Run each recipe with the same `train_args`; write compare.png, compare.md, compare.json
-    under runs_dir/name and return the table rows."""
-    out = Path(runs_dir) / name
+    """Run each recipe on `train` (its `recipe` and `run_name` set per recipe; the recipe fills
+    the grpo fields left at their defaults, as `resolve` says); write compare.png, compare.md,
+    compare.json under train.runs_dir/name and return the table rows."""
+    out = Path(train.runs_dir) / name
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = {}, {}
     for recipe in recipes:
         run_name = f"{name}-{recipe}".replace("+", "p")
         if progress:
-            print(f"[rlvr compare] {recipe} -> {runs_dir}/{run_name}", flush=True)
-        usage = run_recipe(recipe, run_name, ["--runs-dir", runs_dir, *train_args])
-        run_dirs[recipe] = Path(runs_dir) / run_name
+            print(f"[rlvr compare] {recipe} -> {train.runs_dir}/{run_name}", flush=True)
+        usage = run_recipe(dataclasses.replace(train, recipe=recipe, run_name=run_name))
+        run_dirs[recipe] = Path(train.runs_dir) / run_name
         rows[recipe] = summarize_run(run_dirs[recipe], usage["peak_rss_mb"])
     plot_comparison(run_dirs, out / "compare.png")
     table = format_table(rows)
