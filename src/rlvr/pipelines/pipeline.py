@@ -6,12 +6,14 @@
     stages:
       - {name: base, kind: base, steps: 800}
       - {name: cold-start, kind: sft, data: [readable:200], steps: 150}
-      - {name: reasoning-rl, kind: grpo, steps: 60, consistency_weight: 0.5}
+      - {name: reasoning-rl, kind: grpo, consistency_weight: 0.5, grpo: {steps: 60}}
 
 Built-in pipelines (`r1-zero`, `r1`, `distill`, `qwen3`) live next to this file in
 `builtin/`. A finished stage leaves `stage.json` in its directory (its settings, outputs,
 evaluation and wall time); running the pipeline again skips every finished stage whose settings
-are unchanged, and re-runs the first changed stage and everything after it. The report
+are unchanged, and re-runs the first changed stage and everything after it. Every value is
+type-checked when the file is read, before any stage runs (`stages[2].grpo.lr: expected
+float, ...`), and every stage directory gets a `config.yaml` of its settings. The report
 (`report.md`, `report.json`, `report.png`) has, per stage, held-out accuracy, readability,
 mean completion length and wall time.
 """
