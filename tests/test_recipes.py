@@ -13,9 +13,14 @@ from rlvr.train.recipes import RECIPES, describe_recipe, recipe_config
 def test_overrides_parse_by_field_type():
     config = apply_overrides(
         GRPOConfig(),
-        ["epsilon_high=0.28", "group_size=4", "dynamic_sampling=true", "clip_ratio_c=3",
-         "aggregation=seq-mean-token-mean"],
-    )  # fmt: skip
+        [
+            "epsilon_high=0.28",
+            "group_size=4",
+            "dynamic_sampling=true",
+            "clip_ratio_c=3",
+            "aggregation=seq-mean-token-mean",
+        ],
+    )
     assert (config.epsilon_high, config.group_size, config.dynamic_sampling) == (0.28, 4, True)
     assert config.clip_ratio_c == 3.0 and config.aggregation == "seq-mean-token-mean"
     assert apply_overrides(config, ["clip_ratio_c=none"]).clip_ratio_c is None
@@ -35,9 +40,10 @@ def test_every_recipe_is_a_valid_set_of_switches(name):
     config = recipe_config(name)
     check_grpo_config(dataclasses.replace(config, max_new_tokens=48))
     changed = {
-        f.name for f in dataclasses.fields(config)
+        f.name
+        for f in dataclasses.fields(config)
         if getattr(config, f.name) != getattr(GRPOConfig(), f.name)
-    }  # fmt: skip
+    }
     assert changed <= set(RECIPES[name])  # a recipe changes nothing it does not list
     assert describe_recipe(name).startswith(f"# recipe {name}")
 
@@ -66,8 +72,19 @@ def test_every_recipe_trains_a_few_steps(name, tmp_path):
     from tests.test_lab import TINY
 
     runs = tmp_path / "runs"
-    main(["train", name, "--runs-dir", str(runs), "--cache-dir",
-          str(tmp_path / "cache"), "--run-name", "r", *TINY])  # fmt: skip
+    main(
+        [
+            "train",
+            name,
+            "--runs-dir",
+            str(runs),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--run-name",
+            "r",
+            *TINY,
+        ]
+    )
     from rlvr.report.run_dir import read_jsonl
 
     metrics = read_jsonl(runs / "r" / "metrics.jsonl")

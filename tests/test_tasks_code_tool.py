@@ -245,8 +245,11 @@ def test_tool_held_out_solutions_score_one():
     rows = spec.held_out_rows()
     assert [p.prompt for p in problems] == [r["prompt"] for r in rows]
     assert all(spec.score(p.solution, r) == 1.0 for p, r in zip(problems, rows))
-    rewards = spec.reward_fn([r["prompt"] for r in rows], [p.solution for p in problems],
-                             answer=[r["answer"] for r in rows])  # fmt: skip
+    rewards = spec.reward_fn(
+        [r["prompt"] for r in rows],
+        [p.solution for p in problems],
+        answer=[r["answer"] for r in rows],
+    )
     assert rewards == [1.0] * len(rows)
     assert {p.tool for p in problems} == set(tool_task.TOOLS)
 
@@ -269,8 +272,9 @@ def test_tool_flaws_score_zero_at_the_expected_rate():
         answers[problem.prompt] = problem.answer
     spec = tool_task.task_spec()
     pairs = list(itertools.islice(spec.corpus(0, 0.3), 4000))
-    rewards = spec.reward_fn([p for p, _ in pairs], [c for _, c in pairs],
-                             answer=[answers[p] for p, _ in pairs])  # fmt: skip
+    rewards = spec.reward_fn(
+        [p for p, _ in pairs], [c for _, c in pairs], answer=[answers[p] for p, _ in pairs]
+    )
     assert set(rewards) == {0.0, 1.0}
     assert 0.26 < rewards.count(0.0) / len(rewards) < 0.34
 
