@@ -20,8 +20,7 @@ SPEC = {
             "name": "cold",
             "kind": "sft",
             "data": ["readable:8", "no_think:4"],
-            "steps": 2,
-            "batch_size": 4,
+            "sft": {"steps": 2, "batch_size": 4},
         },
         {
             "name": "rl",

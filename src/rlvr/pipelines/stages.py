@@ -96,21 +96,33 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
 # --- sft ---------------------------------------------------------------------------------
 
 
+SFT_STAGE_OWNS = ("data", "task", "model", "run_dir", "overwrite", "progress", "chat_template")
+"""`SFTConfig` fields a pipeline's SFT stage sets itself: its `sft:` settings may not."""
+
+
 @dataclass(frozen=True)
 class SFTStage:
     """Supervised fine-tuning on `data`: a list of sources, each `readable:N` (clean long
     chain of thought), `think:N` (the same, prompts tagged /think), `no_think:N` (empty
     think block), the name of an earlier `sample` stage (all its verified rows), or
-    `STAGE@MODE` (those rows with their prompts re-tagged, e.g. `samples@think`)."""
+    `STAGE@MODE` (those rows with their prompts re-tagged, e.g. `samples@think`). The
+    trainer's own options are `sft` (YAML `sft: {steps: 30, lr: 5.0e-4}`), `SFTConfig`'s
+    defaults where not given; the fields in `SFT_STAGE_OWNS` are the stage's to set."""
 
     data: tuple[str, ...] = ("readable:200",)
     model: str | None = None
     """Stage whose model is fine-tuned (default: the previous model-producing stage)."""
-    steps: int = 150
-    batch_size: int = 16
-    lr: float = 1e-3
-    warmup_steps: int = 10
-    seed: int = 0
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """The trainer's options (`rlvr.pipelines.sft.SFTConfig`); its seed also seeds the data."""
+
+    def __post_init__(self) -> None:
+        default = SFTConfig()
+        taken = [f for f in SFT_STAGE_OWNS if getattr(self.sft, f) != getattr(default, f)]
+        if taken:
+            raise ConfigError(
+                f"sft: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by the "
+                "stage itself (use the stage's data and model keys)"
+            )
 
 
 def sft_pairs(sources: tuple[str, ...], ctx: PipelineContext, seed: int) -> list[dict[str, str]]:
@@ -144,21 +156,17 @@ def sft_pairs(sources: tuple[str, ...], ctx: PipelineContext, seed: int) -> list
 
 def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
     """Write the stage's SFT data (`sft_pairs`) and fine-tune the stage's model on it."""
-    rows = sft_pairs(s.data, ctx, s.seed + ctx.seed)
+    rows = sft_pairs(s.data, ctx, s.sft.seed + ctx.seed)
     if not rows:
         raise ValueError(f"{stage_dir.name}: the SFT data sources {list(s.data)} are empty")
     data = stage_dir / "sft_data.jsonl"
     with open(data, "w") as f:
         for row in rows:
             f.write(json.dumps({"prompt": row["prompt"], "completion": row["completion"]}) + "\n")
-    config = SFTConfig(
+    config = dataclasses.replace(
+        s.sft,
         data=str(data),
         model=ctx.model_of(s.model),
-        steps=s.steps,
-        batch_size=s.batch_size,
-        lr=s.lr,
-        warmup_steps=s.warmup_steps,
-        seed=s.seed,
         chat_template=False,
         progress=ctx.progress,
         overwrite=True,
