@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import torch
 
+TINY_MODEL_FLAGS = [
+    "--tiny.hidden-size",
+    "32",
+    "--tiny.num-layers",
+    "1",
+    "--tiny.num-heads",
+    "2",
+    "--tiny.intermediate-size",
+    "64",
+]
+"""CLI flags of the smallest tiny model the tests train (32 wide, one layer, two heads)."""
+
 
 def close(actual, expected, atol: float = 1e-6, *, dtype: torch.dtype = torch.float32) -> None:
     """Assert that ``actual`` equals ``expected`` elementwise within ``atol`` (no relative slack).

@@ -11,6 +11,7 @@ from rlvr.pipelines.base_model import BaseConfig
 from rlvr.pipelines.lab import LabConfig, build_base_model, lab_base_dir, lab_task
 from rlvr.report.run_dir import read_jsonl
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from tests.helpers import TINY_MODEL_FLAGS
 from tests.test_cli import cli_error
 
 TINY = [
@@ -18,14 +19,7 @@ TINY = [
     "2",
     "--arithmetic.held-out-size",
     "16",
-    "--tiny.hidden-size",
-    "32",
-    "--tiny.num-layers",
-    "1",
-    "--tiny.num-heads",
-    "2",
-    "--tiny.intermediate-size",
-    "64",
+    *TINY_MODEL_FLAGS,
     "--base.steps",
     "4",
     "--base.batch-size",
@@ -160,14 +154,7 @@ def test_eval_schedule_is_dense_early():
 @pytest.mark.parametrize("task", ["code", "tool"])
 def test_code_and_tool_tasks_train_end_to_end(task, tmp_path):
     small = [
-        "--tiny.hidden-size",
-        "32",
-        "--tiny.num-layers",
-        "1",
-        "--tiny.num-heads",
-        "2",
-        "--tiny.intermediate-size",
-        "64",
+        *TINY_MODEL_FLAGS,
         "--base.steps",
         "3",
         "--base.batch-size",

@@ -18,6 +18,7 @@ from rlvr.train.rejection import (
 )
 from rlvr.train.sft import shuffled_epochs, train_next_token
 from rlvr.verifiers.math import math_reward, score
+from tests.helpers import TINY_MODEL_FLAGS
 from tests.test_cli import cli_error
 
 PROMPTS = [f"q{i}?" for i in range(5)]
@@ -185,14 +186,7 @@ def test_sample_command_output_trains_with_sft(model_and_tokenizer, tmp_path, ca
             "2",
             "--batch-size",
             "2",
-            "--tiny.hidden-size",
-            "32",
-            "--tiny.num-layers",
-            "1",
-            "--tiny.num-heads",
-            "2",
-            "--tiny.intermediate-size",
-            "64",
+            *TINY_MODEL_FLAGS,
             "--no-progress",
         ]
     )

@@ -26,6 +26,7 @@ from rlvr.train.sft import (
     supervised_batch,
     train_next_token,
 )
+from tests.helpers import TINY_MODEL_FLAGS
 from tests.test_cli import cli_error
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -210,14 +211,7 @@ def test_sft_command_writes_a_run_directory(tmp_path, capsys):
         "2",
         "--max-length",
         "5",
-        "--tiny.hidden-size",
-        "32",
-        "--tiny.num-layers",
-        "1",
-        "--tiny.num-heads",
-        "2",
-        "--tiny.intermediate-size",
-        "64",
+        *TINY_MODEL_FLAGS,
         "--no-progress",
     ]
     main(args)
