@@ -73,7 +73,11 @@ class SFTConfig:
     lr: float | None = None
     """Peak AdamW learning rate. None: 2e-3 for a fresh tiny model, 2e-4 with LoRA, else 1e-5."""
     warmup_steps: int = 10
-    """Linear warm-up steps, then cosine decay to a tenth of --lr."""
+    """Linear warm-up steps, then cosine decay to --final-lr-fraction of --lr."""
+    final_lr_fraction: float = 0.1
+    """Where the cosine decay ends, as a fraction of --lr."""
+    grad_clip: float = 1.0
+    """Clip the gradient's global norm to this value."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     max_length: int = 1024
@@ -202,6 +206,8 @@ def run_sft(
         on_step=log,
         progress=config.progress,
         desc="sft",
+        grad_clip=config.grad_clip,
+        final_lr_fraction=config.final_lr_fraction,
     )
 
     # --- save and report -----------------------------------------------------------------------

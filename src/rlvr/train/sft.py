@@ -147,12 +147,16 @@ def train_next_token(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     progress: bool = True,
     desc: str = "base model",
+    grad_clip: float = 1.0,
+    final_lr_fraction: float = 0.1,
 ) -> list[float]:
     """AdamW on the completion-token cross-entropy (`completion_loss`); returns every step's loss.
 
     Each step's loss is the mean over the completion tokens of its batch (EOS included, prompt
     and padding excluded): the divisor is the batch's number of completion tokens. Only
-    parameters with `requires_grad` are trained (LoRA adapters, when the model has them).
+    parameters with `requires_grad` are trained (LoRA adapters, when the model has them). The
+    learning rate warms up linearly over `warmup_steps`, then decays by a cosine to
+    `final_lr_fraction` of `lr`; the gradient's global norm is clipped to `grad_clip`.
     `on_step(step, metrics)` gets the 1-based step and `loss`, `lr`, `grad_norm`,
     `tokens/completion` and `data/truncated` (sequences cut at `max_length` in this batch).
     """
@@ -160,7 +164,7 @@ def train_next_token(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine(s, steps, warmup_steps, final_fraction=0.1)
+        optimizer, lambda s: warmup_cosine(s, steps, warmup_steps, final_fraction=final_lr_fraction)
     )
     losses = []
     bar = tqdm(range(1, steps + 1), desc=desc, disable=not progress, leave=False)
@@ -171,7 +175,7 @@ def train_next_token(
         loss, num_tokens, truncated = pairs_loss(model, tokenizer, batch, max_length)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
         current_lr = schedule.get_last_lr()[0]
         optimizer.step()
         schedule.step()
