@@ -95,6 +95,40 @@ class RecipesConfig:
     """The recipe to show."""
 
 
+@dataclass(frozen=True)
+class ModelsConfig:
+    """`rlvr models [list | prepare NAME | convert-gguf FILE.gguf OUT_DIR]`: real checkpoints
+    that ship in pip packages as GGUF, converted once to ordinary Hugging Face directories."""
+
+    action: tyro.conf.Positional[str] = "list"
+    """list, prepare or convert-gguf."""
+    args: tyro.conf.Positional[tuple[str, ...]] = ()
+    """prepare: the model's name; convert-gguf: the GGUF file and the output directory."""
+    cache_dir: str | None = None
+    """Where `prepare` keeps converted models, under models/ (default: $RLVR_CACHE, else
+    ~/.cache/rlvr)."""
+    progress: bool = True
+    """Show the converter's progress bars."""
+
+
+def models(config: ModelsConfig) -> None:
+    """`rlvr models`: list the packaged models, or convert one (its directory is printed as
+    the last line, for `rlvr train --model "$(rlvr models prepare NAME | tail -n 1)"`)."""
+    from rlvr.models.gguf import PACKAGED, convert_gguf, prepare
+    from rlvr.pipelines.base_model import cache_root
+
+    if config.action == "list" and not config.args:
+        for name, model in PACKAGED.items():
+            print(f"{name}: {model.description}; needs {model.install}")
+    elif config.action == "prepare" and len(config.args) == 1:
+        models_dir = cache_root(config.cache_dir) / "models"
+        print(prepare(config.args[0], models_dir, progress=config.progress))
+    elif config.action == "convert-gguf" and len(config.args) == 2:
+        print(convert_gguf(*config.args, progress=config.progress))
+    else:
+        raise UserError("usage: rlvr models [list | prepare NAME | convert-gguf FILE.gguf OUT_DIR]")
+
+
 def _compare_train_default() -> LabConfig:
     """What every recipe of `rlvr compare` trains by default: 60 steps, overwriting, quiet."""
     return LabConfig(overwrite=True, progress=False, grpo=GRPOConfig(steps=60))
@@ -279,6 +313,7 @@ COMMANDS = {
         PipelineConfig,
         "Run a multi-stage pipeline: r1-zero, r1, distill, qwen3.",
     ),
+    "models": (models, ModelsConfig, "Convert a packaged real checkpoint (GGUF) to a model dir."),
 }
 
 
