@@ -85,3 +85,6 @@ def test_smollm2_converts_to_a_directory_rlvr_loads(tmp_path, capsys):
     model, tokenizer = load_model(directory)
     assert count_parameters(model) == 134_515_008
     assert tokenizer.chat_template and len(tokenizer) == 49_152
+    # an ordinary model: no GGUF quantisation left, so a trained copy can be saved
+    assert getattr(model.config, "quantization_config", None) is None
+    model.save_pretrained(tmp_path / "saved-again")

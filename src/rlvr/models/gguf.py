@@ -3,8 +3,10 @@ Face directories (nothing is downloaded at run time).
 
 transformers reads a GGUF file (`gguf_file=`, with the `gguf` package) and dequantises it to a
 float32 model with its real tokenizer and chat template, but refuses to `save_pretrained` a
-model loaded that way. `convert_gguf` therefore builds a fresh model from the loaded config,
-copies the weights in (`load_state_dict`, strict) and saves that, written to a temporary
+model loaded that way. `convert_gguf` therefore builds a fresh model from the loaded config (its
+`quantization_config` dropped: the weights are already float32, and a directory that keeps it
+loads as a GGUF-quantised model that cannot be saved again), copies the weights in
+(`load_state_dict`, strict) and saves that, written to a temporary
 directory that is renamed when complete, so a half-written directory is never used.
 """
 
@@ -106,6 +108,9 @@ def _load_gguf(gguf_file: Path, progress: bool):
         loaded = AutoModelForCausalLM.from_pretrained(**where, dtype=torch.float32)
     except Exception as exc:  # a truncated or foreign file fails deep inside gguf
         raise GGUFError(f"cannot read {gguf_file} as a GGUF model: {exc}") from exc
-    model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):  # the weights are dequantised: an ordinary model
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict(), strict=True)
     return model, tokenizer
