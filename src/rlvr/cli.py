@@ -40,6 +40,11 @@ class EvalConfig:
     """Completions per problem (averaged) when sampling."""
     seed: int = 0
     """Sampling seed."""
+    chat_template: bool = True
+    """Put each prompt through the model's chat template when its tokenizer has one (as
+    `rlvr train` does)."""
+    system_prompt: str | None = None
+    """A system message in front of every templated prompt."""
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
     mode: str = "default"
@@ -194,6 +199,7 @@ def recipes(config: RecipesConfig) -> None:
 
 def evaluate(config: EvalConfig) -> None:
     """`rlvr eval`: print a model's held-out accuracy (or its thinking-budget curve)."""
+    from rlvr.models.chat import format_rows
     from rlvr.models.tiny import load_model
     from rlvr.tasks.registry import build_task
     from rlvr.train.evaluate import held_out_accuracy
@@ -208,6 +214,7 @@ def evaluate(config: EvalConfig) -> None:
     if config.thinking_budget is not None:
         _thinking_budget(config, model, tokenizer, rows, task)
         return
+    rows = format_rows(tokenizer, rows, config.chat_template, config.system_prompt)
     accuracy = held_out_accuracy(
         model,
         tokenizer,

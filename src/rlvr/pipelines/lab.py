@@ -24,6 +24,7 @@ import tyro
 import yaml
 
 from rlvr.config import ConfigError, UserError, apply_overrides, from_dict, to_dict
+from rlvr.models.chat import format_rows
 from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model, save_model
 from rlvr.pipelines.base_model import (
     BaseConfig,
@@ -61,6 +62,12 @@ class LabConfig:
     the saved ones."""
     model: str | None = None
     """A local Hugging Face model directory to start from instead of the lab's base model."""
+    chat_template: bool = True
+    """Put each prompt through the model's chat template (a user turn and the assistant's
+    generation prompt) when its tokenizer has one, in training and evaluation alike; the lab's
+    character tokenizer has none. samples.jsonl records prompts as the model saw them."""
+    system_prompt: str | None = None
+    """A system message in front of every templated prompt (with --chat-template)."""
     seed: int = 0
     """Seed of the RL run (sampling, data order)."""
     threads: int = 2
@@ -259,7 +266,8 @@ def run_lab(config: LabConfig) -> dict:
     _say(config, f"{count_parameters(model):,} parameters, base ready in {base_seconds:.0f} s")
 
     # --- evaluation on the held-out split -------------------------------------------------
-    held_out = task.held_out_rows()
+    template = (config.chat_template, config.system_prompt)
+    held_out = format_rows(tokenizer, task.held_out_rows(), *template)
     budget = config.grpo.max_new_tokens
 
     def evaluate(m: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
@@ -286,7 +294,9 @@ def run_lab(config: LabConfig) -> dict:
     )
 
     # --- GRPO ------------------------------------------------------------------------------
-    train_rows = task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET)
+    train_rows = format_rows(
+        tokenizer, task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET), *template
+    )
     rl_start = time.perf_counter()
     records = train_grpo(
         model,

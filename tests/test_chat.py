@@ -1,0 +1,104 @@
+"""Chat templates: one function puts a prompt in front of a model; a template's own BOS is not
+doubled by a tokenizer that adds one; `rlvr train --model DIR` trains and evaluates templated
+prompts and records them as the model saw them."""
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from rlvr.cli import main
+from rlvr.models.chat import adds_bos, format_prompt, format_rows
+from rlvr.models.tiny import build_char_tokenizer
+from rlvr.report.run_dir import read_jsonl
+
+LLAMA3_STYLE = (
+    "{{ bos_token }}{% for m in messages %}<|start|>{{ m.role }}\n{{ m.content }}<|end|>"
+    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant\n{% endif %}"
+)
+
+
+def bpe_tokenizer() -> PreTrainedTokenizerFast:
+    """A small byte-level BPE tokenizer trained here on arithmetic text, whose post-processor
+    adds BOS (as Llama's does), with a Llama-3-style chat template that writes BOS too."""
+    specials = ["<unk>", "<s>", "</s>", "<|start|>", "<|end|>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = [
+        f"{a}+{b}={a + b} #### {a + b} user assistant system" for a in range(99) for b in (7, 38)
+    ]
+    tok.train_from_iterator(corpus, trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
+    )
+    fast.chat_template = LLAMA3_STYLE
+    return fast
+
+
+def test_the_templated_prompt_carries_exactly_one_bos():
+    tok = bpe_tokenizer()
+    assert adds_bos(tok)
+    text = format_prompt(tok, "12+30=", chat_template=True)
+    assert text == "<|start|>user\n12+30=<|end|><|start|>assistant\n"
+    ids = tok(text)["input_ids"]
+    assert ids.count(tok.bos_token_id) == 1 and ids[0] == tok.bos_token_id
+    # without the fix the template's BOS and the tokenizer's would both be there
+    raw = tok.apply_chat_template([{"role": "user", "content": "12+30="}], tokenize=False)
+    assert tok(raw)["input_ids"].count(tok.bos_token_id) == 2
+
+
+def test_a_system_prompt_comes_first_and_no_template_leaves_prompts_alone():
+    tok = bpe_tokenizer()
+    text = format_prompt(tok, "1+1=", chat_template=True, system="Answer as #### N.")
+    assert text.startswith("<|start|>system\nAnswer as #### N.<|end|><|start|>user\n1+1=")
+    assert format_prompt(tok, "1+1=", chat_template=False) == "1+1="
+    char = build_char_tokenizer()  # the lab's tokenizer has no template
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    assert format_rows(char, rows, chat_template=True) is rows
+
+
+def test_format_rows_keeps_columns_and_the_kind_of_collection():
+    tok = bpe_tokenizer()
+    rows = [{"prompt": "1+1=", "answer": "2"}]
+    listed = format_rows(tok, rows, chat_template=True)
+    assert isinstance(listed, list) and listed[0]["answer"] == "2"
+    assert listed[0]["prompt"] == format_prompt(tok, "1+1=", chat_template=True)
+    streamed = format_rows(tok, iter(rows), chat_template=True)
+    assert not isinstance(streamed, list) and next(streamed) == listed[0]
+
+
+def test_train_on_a_templated_model_records_the_prompts_it_saw(tmp_path, capsys):
+    tok = bpe_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model_dir = tmp_path / "model"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    runs = tmp_path / "runs"
+    args = ["--model", str(model_dir), "--runs-dir", str(runs), "--run-name", "chat"]
+    small = ["--arithmetic.digits", "2", "--arithmetic.held-out-size", "4", "--eval-samples", "1"]
+    grpo = ["--grpo.steps", "1", "--grpo.prompts-per-step", "2", "--grpo.group-size", "2"]
+    main(["train", *args, *small, *grpo, "--grpo.max-new-tokens", "32", "--no-progress"])
+    samples = read_jsonl(runs / "chat" / "samples.jsonl")
+    assert samples and all(s["prompt"].startswith("<|start|>user\n") for s in samples)
+    assert all(s["prompt"].endswith("<|start|>assistant\n") for s in samples)
+    assert "eval/greedy_acc" in read_jsonl(runs / "chat" / "metrics.jsonl")[0]
