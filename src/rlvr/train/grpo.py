@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -257,7 +258,7 @@ def train_grpo(
 
 
 def _resume_or_evaluate(
-    t: Trainer, run: RunDirectory, evaluate: Evaluator, checkpoints: Any
+    t: Trainer, run: RunDirectory, evaluate: Evaluator, checkpoints: Path | None
 ) -> dict[str, float]:
     """Load the newest checkpoint under `checkpoints` (None: a fresh run) and cut the logs back
     to its step; otherwise evaluate the starting model as step 0. Returns that evaluation."""
@@ -272,7 +273,7 @@ def _resume_or_evaluate(
     return record
 
 
-def _stop_if_diverging(step: int, in_a_row: int, limit: int, checkpoints: Any) -> None:
+def _stop_if_diverging(step: int, in_a_row: int, limit: int, checkpoints: Path) -> None:
     if in_a_row >= limit:
         raise FloatingPointError(
             f"step {step}: {in_a_row} updates in a row had a NaN/Inf loss or gradient and "
@@ -281,7 +282,7 @@ def _stop_if_diverging(step: int, in_a_row: int, limit: int, checkpoints: Any) -
         )
 
 
-def _checkpoint(checkpoints: Any, state: TrainState, keep_last: int) -> None:
+def _checkpoint(checkpoints: Path, state: TrainState, keep_last: int) -> None:
     try:
         save_checkpoint(checkpoints, state, keep_last=keep_last)
     except CheckpointError as exc:  # e.g. a full disk: the previous checkpoint is intact
