@@ -11,30 +11,43 @@ the tokenizer adds one anyway: the model sees exactly one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def format_prompt(tokenizer, prompt: str, chat_template: bool, system: str | None = None) -> str:
-    """The prompt as the model sees it: a user turn (after `system`, when given) plus the
-    assistant's generation prompt when `chat_template` is on and the tokenizer has a template;
-    otherwise unchanged."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": prompt})
+def prompt_formatter(
+    tokenizer, chat_template: bool, system: str | None = None
+) -> Callable[[str], str]:
+    """The function that puts a prompt in front of this model, decided once: a user turn
+    (after `system`, when given) plus the assistant's generation prompt when `chat_template`
+    is on and the tokenizer has a template (its leading BOS dropped when the tokenizer adds one
+    anyway); otherwise the identity."""
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        return _unchanged
+    strip = tokenizer.bos_token if adds_bos(tokenizer) else None
+    head = [{"role": "system", "content": system}] if system else []
+
+    def formatted(prompt: str) -> str:
+        messages = [*head, {"role": "user", "content": prompt}]
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return _without_doubled_bos(tokenizer, text)
-    return prompt
+        return text[len(strip) :] if strip and text.startswith(strip) else text
+
+    return formatted
+
+
+def format_prompt(tokenizer, prompt: str, chat_template: bool, system: str | None = None) -> str:
+    """The prompt as the model sees it (`prompt_formatter`, for one prompt)."""
+    return prompt_formatter(tokenizer, chat_template, system)(prompt)
 
 
 def format_rows(tokenizer, rows: Any, chat_template: bool, system: str | None = None) -> Any:
-    """`rows` (a list or an iterator of task rows) with each `prompt` as the model sees it
-    (`format_prompt`); the other columns unchanged. A list stays a list, a stream a stream."""
-    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+    """`rows` (a list or an iterator of task rows) with each `prompt` as the model sees it; the
+    other columns unchanged. A list stays a list, a stream a stream; without a template the
+    rows are returned as they are."""
+    fmt = prompt_formatter(tokenizer, chat_template, system)
+    if fmt is _unchanged:
         return rows
-    formatted = (
-        {**row, "prompt": format_prompt(tokenizer, row["prompt"], chat_template, system)}
-        for row in rows
-    )
+    formatted = ({**row, "prompt": fmt(row["prompt"])} for row in rows)
     return list(formatted) if isinstance(rows, list) else formatted
 
 
@@ -46,9 +59,5 @@ def adds_bos(tokenizer) -> bool:
     return bool(ids) and ids[0] == tokenizer.bos_token_id
 
 
-def _without_doubled_bos(tokenizer, text: str) -> str:
-    """`text` without its leading BOS when the tokenizer will add one itself."""
-    bos = tokenizer.bos_token
-    if bos and text.startswith(bos) and adds_bos(tokenizer):
-        return text[len(bos) :]
-    return text
+def _unchanged(prompt: str) -> str:
+    return prompt

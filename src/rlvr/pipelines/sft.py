@@ -6,7 +6,7 @@ The loss and the loop are `rlvr.train.sft` (`train_next_token`); this module cho
 adapters), the held-out evaluation, and writes config.yaml, metrics.jsonl, loss_curve.png,
 summary.json and model/.
 
-- Chat template: each prompt goes through `rlvr.models.chat.format_prompt` (a user turn plus
+- Chat template: each prompt goes through `rlvr.models.chat.prompt_formatter` (a user turn plus
   the assistant's generation prompt when the tokenizer has a template); the completion follows
   as plain text and ends with the tokenizer's EOS, which for chat checkpoints is the end-of-turn
   token. The completion is not passed through the template, so a template that rewrites
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from rlvr.config import ConfigError, to_dict
-from rlvr.models.chat import format_prompt
+from rlvr.models.chat import format_rows, prompt_formatter
 from rlvr.models.tiny import (
     TinyModelConfig,
     build_char_tokenizer,
@@ -174,10 +174,8 @@ def run_sft(
         evaluate = _default_evaluator(config, task, tokenizer, eval_pairs)
 
     # --- data ----------------------------------------------------------------------------------
-    stream = (
-        (format_prompt(tokenizer, p, config.chat_template), c)
-        for p, c in _stream(config, pairs, task)
-    )
+    fmt = prompt_formatter(tokenizer, config.chat_template)
+    stream = ((fmt(p), c) for p, c in _stream(config, pairs, task))
 
     # --- train ---------------------------------------------------------------------------------
     records: list[dict[str, Any]] = []
@@ -285,9 +283,9 @@ def _default_evaluator(
     rows = task.held_out_rows()[: config.eval_rows] if task is not None else []
     if not rows and not eval_pairs:
         return None
-    template = config.chat_template
-    formatted = [(format_prompt(tokenizer, p, template), c) for p, c in eval_pairs or []]
-    prompted = [{**r, "prompt": format_prompt(tokenizer, r["prompt"], template)} for r in rows]
+    fmt = prompt_formatter(tokenizer, config.chat_template)
+    formatted = [(fmt(p), c) for p, c in eval_pairs or []]
+    prompted = format_rows(tokenizer, rows, config.chat_template)
 
     def evaluate(model: torch.nn.Module) -> dict[str, float]:
         """Held-out loss and/or greedy accuracy of `model`."""
