@@ -162,7 +162,6 @@ class StepPlan:
     advantages: Advantages
     loss_fn: LossFn
     mu: int
-    temperature: float
     grad_clip: float
     value_clip: float
     skip_zero_advantage: bool  # rows with advantage 0 carry no gradient (no KL in the loss)
@@ -234,7 +233,6 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         advantages=advantages,
         loss_fn=loss_fn,
         mu=config.mu,
-        temperature=config.temperature,
         grad_clip=config.grad_clip,
         value_clip=config.value_clip,
         skip_zero_advantage=beta_in_loss == 0,
@@ -244,7 +242,7 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         workers=workers,
         reference=with_kl,
         critic=config.advantage_estimator == "gae",
-        ref_sync_every=config.ref_sync_every if with_kl else 0,
+        ref_sync_every=config.ref_sync_every,
         ref_sync_alpha=config.ref_sync_alpha,
     )
 

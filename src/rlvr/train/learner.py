@@ -59,7 +59,7 @@ class Learner:
         if self.state.reference is None:
             return None
         return completion_logprobs(
-            self.state.reference, *batch.model_inputs(), self.plan.temperature
+            self.state.reference, *batch.model_inputs(), self.plan.sampling.temperature
         )
 
     @torch.no_grad()
@@ -95,7 +95,7 @@ class Learner:
             data.loss_mask,
             data.ref_logp,
             plan.loss_fn,
-            plan.temperature,
+            plan.sampling.temperature,  # the loss scores the distribution sampled from
             plan.workers,
         )
         timer.add("forward", result.forward_s)
