@@ -1,17 +1,15 @@
 """What every pipeline entry point shares: the user-input boundary and the seed offsets.
 
 Errors a user can fix by changing a flag or a file leave here as `rlvr.config.UserError`
-(the CLI prints them on one line and exits 2): a run directory that exists, a run name or
-directory that cannot be used, an unknown task.
+(the CLI prints them on one line and exits 2): an unknown task or an unusable task file. (A
+run directory's refusals are user errors where `RunDirectory` raises them.)
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from rlvr.config import RunExistsError, UserError
-from rlvr.report.run_dir import RunDirectory
+from rlvr.config import UserError
 from rlvr.tasks.registry import build_task
 from rlvr.tasks.spec import TaskSpec
 
@@ -26,19 +24,6 @@ stages train on."""
 
 class TaskError(UserError, ValueError):
     """A task name or task file that cannot be used (unknown task, too few distinct rows)."""
-
-
-def open_run(
-    root: str | Path, name: str, *, overwrite: bool = False, resume: bool = False
-) -> RunDirectory:
-    """`RunDirectory(root, name, ...)`, its refusals as user errors: an existing directory
-    (`RunExistsError`, a FileExistsError too), a bad name or an unwritable place."""
-    try:
-        return RunDirectory(root, name, overwrite=overwrite, resume=resume)
-    except FileExistsError as exc:
-        raise RunExistsError(str(exc)) from None
-    except (ValueError, OSError) as exc:
-        raise UserError(str(exc)) from exc
 
 
 def user_task(name: str, *args: Any, **kwargs: Any) -> TaskSpec:

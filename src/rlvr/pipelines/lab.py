@@ -32,8 +32,9 @@ from rlvr.pipelines.base_model import (
     cached_base_model,
     resolved_hedge_prob,
 )
-from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, open_run, user_task
+from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, user_task
 from rlvr.report.plots import plot_reward_curve
+from rlvr.report.run_dir import RunDirectory
 from rlvr.report.step_time import format_step_time, step_time_split
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.reasoning import ReasoningTaskConfig
@@ -251,7 +252,7 @@ def run_lab(config: LabConfig) -> dict:
     reward_fn = training_reward(config.verifier, task)
     torch.set_num_threads(config.threads)
     resume = config.resume is not None
-    run = open_run(config.runs_dir, config.run_name, overwrite=config.overwrite, resume=resume)
+    run = RunDirectory(config.runs_dir, config.run_name, overwrite=config.overwrite, resume=resume)
     run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
     start = time.perf_counter()
 

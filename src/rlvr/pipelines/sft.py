@@ -37,8 +37,9 @@ from rlvr.models.tiny import (
     load_model,
     save_model,
 )
-from rlvr.pipelines.common import open_run, user_task
+from rlvr.pipelines.common import user_task
 from rlvr.report.plots import plot_loss_curve
+from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.jsonl import Pair, load_pairs
 from rlvr.tasks.spec import TaskSpec
@@ -164,7 +165,7 @@ def run_sft(
     config = replace(config, run_dir=str(run_dir or config.run_dir))
     eval_pairs = load_pairs(config.eval_data) if config.eval_data else None
     path = Path(config.run_dir)
-    run = open_run(path.parent, path.name, overwrite=config.overwrite)
+    run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
     run.write_config(to_dict(config))
     torch.set_num_threads(config.threads)
 

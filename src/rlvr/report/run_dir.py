@@ -13,21 +13,29 @@ from typing import Any
 
 import yaml
 
+from rlvr.config import ConfigError, RunExistsError, UserError
+
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
+class RunDirectoryError(UserError, PermissionError):
+    """A run directory that cannot be created or written."""
+
+
 class RunDirectory:
-    """Paths and writers of one run directory."""
+    """Paths and writers of one run directory. Its refusals are user errors (the CLI prints
+    one line): a bad name (`ConfigError`), an existing directory without `overwrite` or
+    `resume` (`RunExistsError`, a FileExistsError), an unwritable place (`RunDirectoryError`)."""
 
     def __init__(self, root: str | Path, name: str, overwrite: bool = False, resume: bool = False):
         if not _SAFE_NAME.match(name):
-            raise ValueError(
+            raise ConfigError(
                 f"run name {name!r} must be 1-100 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"
             )
         self.path = Path(root) / name
         if self.path.exists() and any(self.path.iterdir()) and not (overwrite or resume):
-            raise FileExistsError(
+            raise RunExistsError(
                 f"run directory {self.path} already exists; pass --overwrite to replace it "
                 "or choose another --run-name"
             )
@@ -40,7 +48,7 @@ class RunDirectory:
             probe.write_text("")
             probe.unlink()
         except OSError as exc:  # refuse before any compute is spent, not at the first log line
-            raise PermissionError(f"cannot write the run directory {self.path}: {exc}") from None
+            raise RunDirectoryError(f"cannot write the run directory {self.path}: {exc}") from None
 
     @property
     def metrics_path(self) -> Path:
