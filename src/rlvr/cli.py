@@ -40,6 +40,11 @@ class EvalConfig:
     """Completions per problem (averaged) when sampling."""
     seed: int = 0
     """Sampling seed."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
+    bfloat16."""
     chat_template: bool = True
     """Put each prompt through the model's chat template when its tokenizer has one (as
     `rlvr train` does)."""
@@ -69,6 +74,12 @@ class PipelineConfig:
     """List the built-in pipelines and their stages, then exit."""
     reevaluate: bool = False
     """Evaluate the models of finished stages again (e.g. after changing the evaluation)."""
+    device: str = "auto"
+    """Where every stage's model runs: auto (CUDA when present, else the CPU), cpu, cuda or
+    cuda:N."""
+    dtype: str = "auto"
+    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
+    bfloat16."""
     progress: bool = True
     """Show progress bars."""
 
@@ -199,13 +210,22 @@ def recipes(config: RecipesConfig) -> None:
 
 def evaluate(config: EvalConfig) -> None:
     """`rlvr eval`: print a model's held-out accuracy (or its thinking-budget curve)."""
-    from rlvr.models.chat import format_rows
+    from rlvr.devices import on_device, resolve_precision
     from rlvr.models.tiny import load_model
     from rlvr.tasks.registry import build_task
+
+    precision = resolve_precision(config.device, config.dtype)
+    task = build_task(config.task, config.arithmetic, config.reasoning)
+    model, tokenizer = load_model(config.model, device=precision.device)
+    with on_device(precision):
+        _evaluate(config, model, tokenizer, task)
+
+
+def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
+    """`rlvr eval` once the model is loaded."""
+    from rlvr.models.chat import format_rows
     from rlvr.train.evaluate import held_out_accuracy
 
-    task = build_task(config.task, config.arithmetic, config.reasoning)
-    model, tokenizer = load_model(config.model)
     rows = task.held_out_rows()
     if config.task == "reasoning":
         from rlvr.tasks.reasoning import set_mode
@@ -273,6 +293,7 @@ def _thinking_budget(config: EvalConfig, model, tokenizer, rows, task) -> None:
 
 def pipeline(config: PipelineConfig) -> None:
     """`rlvr pipeline`: list the built-ins, or run (resume) one and point at its report."""
+    from rlvr.devices import resolve_precision
     from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
 
     if config.list:
@@ -280,9 +301,10 @@ def pipeline(config: PipelineConfig) -> None:
             p = load_pipeline(name)
             print(f"{name:8s} " + " -> ".join(s.name for s in p.stages))
         return
+    precision = resolve_precision(config.device, config.dtype)
     spec = load_pipeline(config.pipeline)
     out = config.out_dir or f"runs/pipeline-{spec.name}"
-    run_pipeline(spec, out, progress=config.progress, reevaluate=config.reevaluate)
+    run_pipeline(spec, out, config.progress, config.reevaluate, precision)
     print(f"[rlvr] report: {out}/report.md, figure: {out}/report.png")
 
 

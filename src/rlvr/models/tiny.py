@@ -111,8 +111,11 @@ class ModelDirectoryError(UserError, FileNotFoundError):
     """A model directory that does not exist or is not a complete Hugging Face model."""
 
 
-def load_model(directory: str | Path, dtype: torch.dtype = torch.float32):
-    """Load (model, tokenizer) from a local Hugging Face directory; never touches the Hub.
+def load_model(
+    directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+):
+    """Load (model, tokenizer) from a local Hugging Face directory onto `device` (weights in
+    `dtype`); never touches the Hub.
 
     Raises `ModelDirectoryError` (a FileNotFoundError and a `UserError`) naming what is
     missing when the directory does not exist or lacks a config, weights or a tokenizer.
@@ -132,7 +135,7 @@ def load_model(directory: str | Path, dtype: torch.dtype = torch.float32):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
-    return model, tokenizer
+    return model.to(device), tokenizer
 
 
 def count_parameters(model: torch.nn.Module) -> int:

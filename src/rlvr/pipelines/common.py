@@ -22,6 +22,19 @@ SAMPLE_ROWS_SEED_OFFSET = 20_000
 stages train on."""
 
 
+FEW_SHOT_SEED = 30_000
+"""Seeds the draw of few-shot examples: the same examples in every run of a task."""
+
+
+def few_shot_examples(task: TaskSpec, count: int) -> list[tuple[str, str]]:
+    """`count` (prompt, correct worked solution) pairs from the task's training distribution
+    (its corpus with no flaws, so never a held-out problem), the same for every run."""
+    if count <= 0:
+        return []
+    corpus = task.corpus(FEW_SHOT_SEED, 0.0)
+    return [next(corpus) for _ in range(count)]
+
+
 class TaskError(UserError, ValueError):
     """A task name or task file that cannot be used (unknown task, too few distinct rows)."""
 

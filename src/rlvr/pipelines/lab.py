@@ -24,7 +24,8 @@ import tyro
 import yaml
 
 from rlvr.config import ConfigError, UserError, apply_overrides, from_dict, to_dict
-from rlvr.models.chat import format_rows
+from rlvr.devices import Precision, on_device, resolve_precision
+from rlvr.models.chat import format_rows, has_chat_template
 from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model, save_model
 from rlvr.pipelines.base_model import (
     BaseConfig,
@@ -32,7 +33,7 @@ from rlvr.pipelines.base_model import (
     cached_base_model,
     resolved_hedge_prob,
 )
-from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, user_task
+from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, few_shot_examples, user_task
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.step_time import format_step_time, step_time_split
@@ -69,10 +70,19 @@ class LabConfig:
     character tokenizer has none. samples.jsonl records prompts as the model saw them."""
     system_prompt: str | None = None
     """A system message in front of every templated prompt (with --chat-template)."""
+    few_shot: int = 0
+    """With a chat template: this many worked examples of the task (correct solutions drawn
+    from its training distribution, never from the held-out set) as earlier user/assistant
+    turns in front of every prompt, in training and evaluation alike."""
     seed: int = 0
     """Seed of the RL run (sampling, data order)."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
+    bfloat16. Weights and optimizer state stay float32."""
     threads: int = 2
-    """CPU threads for the update (torch.set_num_threads)."""
+    """CPU threads for the update (torch.set_num_threads; the CPU only)."""
     cache_dir: str | None = None
     """Where base models are cached (default: $RLVR_CACHE or ~/.cache/rlvr)."""
     eval_samples: int = 8
@@ -159,7 +169,7 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
         )
 
 
-RESUME_FREE = ("resume", "runs_dir", "run_name", "progress", "overwrite")
+RESUME_FREE = ("resume", "runs_dir", "run_name", "progress", "overwrite", "device", "dtype")
 """Fields that a resume takes from the call, not from the saved config.yaml."""
 
 
@@ -194,6 +204,8 @@ def resume_config(config: LabConfig) -> LabConfig:
         run_name=run_dir.name,
         resume=str(run_dir),
         progress=config.progress,
+        device=config.device,
+        dtype=config.dtype,
     )
 
 
@@ -249,8 +261,16 @@ def run_lab(config: LabConfig) -> dict:
     """The whole lab; returns the summary written to summary.json. `config` is resolved first
     (`resolve`: resume, recipe, --set, derived fields, checks), as the CLI's is."""
     config, task = _resolve(config)
+    precision = resolve_precision(config.device, config.dtype)  # before anything is written
+    with on_device(precision):
+        return _run(config, task, precision)
+
+
+def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
+    """`run_lab` once the config is resolved, inside the run's device and precision."""
     reward_fn = training_reward(config.verifier, task)
-    torch.set_num_threads(config.threads)
+    if precision.is_cpu:
+        torch.set_num_threads(config.threads)
     resume = config.resume is not None
     run = RunDirectory(config.runs_dir, config.run_name, overwrite=config.overwrite, resume=resume)
     run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
@@ -262,12 +282,22 @@ def run_lab(config: LabConfig) -> dict:
         _say(config, f"base model: {base_dir} ({'cached' if cached else 'trained'})")
     else:
         base_dir = Path(config.model)
-    model, tokenizer = load_model(base_dir)
+    model, tokenizer = load_model(base_dir, device=precision.device)
     base_seconds = time.perf_counter() - start
-    _say(config, f"{count_parameters(model):,} parameters, base ready in {base_seconds:.0f} s")
+    _say(
+        config,
+        f"{count_parameters(model):,} parameters on {precision.describe()}, "
+        f"base ready in {base_seconds:.0f} s",
+    )
 
     # --- evaluation on the held-out split -------------------------------------------------
-    template = (config.chat_template, config.system_prompt)
+    examples = few_shot_examples(task, config.few_shot)
+    if examples and not has_chat_template(tokenizer, config.chat_template):
+        _warn(
+            f"--few-shot {config.few_shot} needs a chat template, which {base_dir} lacks "
+            "(or --no-chat-template is set): the examples are not used"
+        )
+    template = (config.chat_template, config.system_prompt, examples)
     held_out = format_rows(tokenizer, task.held_out_rows(), *template)
     budget = config.grpo.max_new_tokens
 
@@ -380,6 +410,10 @@ def _plot_title(describe: str, base: dict, final: dict) -> str:
 def _median(values: list[float]) -> float | None:
     """The upper median of `values` (None when there are none)."""
     return sorted(values)[len(values) // 2] if values else None
+
+
+def _warn(message: str) -> None:
+    print(f"[rlvr] warning: {message}", file=sys.stderr, flush=True)
 
 
 def _say(config: LabConfig, message: str) -> None:

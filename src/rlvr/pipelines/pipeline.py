@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlvr.config import ConfigError, UserError, from_dict, read_yaml
+from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
 from rlvr.report.plots import plot_pipeline
@@ -154,14 +157,29 @@ def stage_key(pipeline: Pipeline, index: int) -> dict[str, Any]:
 
 
 def run_pipeline(
-    pipeline: Pipeline, out_dir: str | Path, progress: bool = True, reevaluate: bool = False
+    pipeline: Pipeline,
+    out_dir: str | Path,
+    progress: bool = True,
+    reevaluate: bool = False,
+    precision: Precision | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) `pipeline` under `out_dir`; returns the report rows. With
-    `reevaluate`, finished stages are not re-run but their models are evaluated afresh."""
-    out = Path(out_dir)
+    `reevaluate`, finished stages are not re-run but their models are evaluated afresh.
+    Every stage's model runs on `precision` (default: the CPU in float32)."""
+    precision = precision or resolve_precision("cpu", "float32")
+    with on_device(precision):
+        return _run_stages(pipeline, Path(out_dir), progress, reevaluate, precision.device)
+
+
+def _run_stages(
+    pipeline: Pipeline, out: Path, progress: bool, reevaluate: bool, device: torch.device
+) -> list[dict[str, Any]]:
+    """`run_pipeline` inside its precision."""
     out.mkdir(parents=True, exist_ok=True)
     task = reasoning.task_spec(pipeline.task)
-    ctx = stages.PipelineContext(pipeline.task, task, pipeline.tiny, pipeline.seed, progress)
+    ctx = stages.PipelineContext(
+        pipeline.task, task, pipeline.tiny, pipeline.seed, progress, device=device
+    )
     check_stages(pipeline, task)
     report: list[dict[str, Any]] = []
     for index, stage in enumerate(pipeline.stages):
@@ -173,7 +191,11 @@ def run_pipeline(
             _say(progress, f"stage {stage.name}: finished earlier, skipped")
             if reevaluate and "model" in record["outputs"]:
                 record["eval"] = evaluate_stage_model(
-                    record["outputs"]["model"], task, pipeline.eval_modes, pipeline.seed
+                    record["outputs"]["model"],
+                    task,
+                    pipeline.eval_modes,
+                    pipeline.seed,
+                    device=device,
                 )
                 record_path.write_text(json.dumps(record, indent=2))
         else:
@@ -186,7 +208,9 @@ def run_pipeline(
             outputs = run_stage(stage.settings, ctx, stage_dir)
             seconds = time.perf_counter() - start
             evaluation = (
-                evaluate_stage_model(outputs["model"], task, pipeline.eval_modes, pipeline.seed)
+                evaluate_stage_model(
+                    outputs["model"], task, pipeline.eval_modes, pipeline.seed, device=device
+                )
                 if "model" in outputs
                 else {}
             )

@@ -19,6 +19,7 @@ import torch
 import tyro
 
 from rlvr.config import RunExistsError
+from rlvr.devices import on_device, resolve_precision
 from rlvr.models.tiny import load_model
 from rlvr.pipelines.common import user_task
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
@@ -48,8 +49,13 @@ class SampleConfig:
     """For a FILE.jsonl: math, tool, format or weak_math (a named task uses its own)."""
     overwrite: bool = False
     """Replace an existing output file."""
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
+    bfloat16."""
     threads: int = 2
-    """CPU threads (torch.set_num_threads)."""
+    """CPU threads (torch.set_num_threads; the CPU only)."""
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     sampling: Annotated[RejectionConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=RejectionConfig
@@ -61,13 +67,16 @@ def run_sample(config: SampleConfig) -> dict[str, Any]:
     rejection summary with the output path first."""
     if Path(config.output).exists() and not config.overwrite:
         raise RunExistsError(f"{config.output} exists; pass --overwrite to replace it")
+    precision = resolve_precision(config.device, config.dtype)
     rows, reward_fn, budget = prompts_and_verifier(config)
     sampling = config.sampling
     if sampling.max_new_tokens is None:
         sampling = dataclasses.replace(sampling, max_new_tokens=budget)
-    torch.set_num_threads(config.threads)
-    model, tokenizer = load_model(config.model)
-    kept, summary = rejection_sample(model, tokenizer, rows, reward_fn, sampling)
+    if precision.is_cpu:
+        torch.set_num_threads(config.threads)
+    model, tokenizer = load_model(config.model, device=precision.device)
+    with on_device(precision):
+        kept, summary = rejection_sample(model, tokenizer, rows, reward_fn, sampling)
     write_jsonl(kept, config.output)
     return {"output": config.output, **summary}
 

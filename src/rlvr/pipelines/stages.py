@@ -53,6 +53,7 @@ class PipelineContext:
     tiny: TinyModelConfig
     seed: int
     progress: bool
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # every stage's
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     last_model: str | None = None  # the most recent stage's model directory
@@ -230,7 +231,7 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
             raise ConfigError(f"same_time_as: stage {s.same_time_as!r} has not run")
         max_seconds = ctx.seconds[s.same_time_as]
     config = grpo_stage_config(s, ctx.task, max_seconds)
-    model, tokenizer = load_model(ctx.model_of(s.model))
+    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.device)
     reward_fns, weights = [ctx.task.reward_fn], [1.0]
     if s.consistency_weight:
         reward_fns.append(reasoning.format_consistency_reward)
@@ -304,7 +305,7 @@ def run_sample_stage(s: SampleStage, ctx: PipelineContext, stage_dir: Path) -> d
         progress=ctx.progress and s.sampling.progress,
     )
     write_stage_config(stage_dir, dataclasses.replace(s, sampling=config))
-    model, tokenizer = load_model(ctx.model_of(s.model))
+    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.device)
     stream = rows_in_modes(ctx.task.train_rows(seed + SAMPLE_ROWS_SEED_OFFSET), s.modes)
     rows = [next(stream) for _ in range(s.prompts)]
 
@@ -340,7 +341,7 @@ def run_thinking_budget_stage(
     s: ThinkingBudgetStage, ctx: PipelineContext, stage_dir: Path
 ) -> dict[str, str]:
     """The thinking-budget curve (json, table, figure) and the mode check of the stage's model."""
-    model, tokenizer = load_model(ctx.model_of(s.model))
+    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.device)
     rows = ctx.task.held_out_rows()
     budgets = list(s.budgets) or sorted(
         {*reasoning.step_budgets(ctx.task_config.digits), 4, 12, 22}

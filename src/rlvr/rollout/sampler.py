@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from rlvr.devices import generator_on
 from rlvr.models.logprobs import position_ids_from_mask
 from rlvr.rollout.kv_cache import decode_cache
 from rlvr.workers import map_in_threads
@@ -102,6 +103,7 @@ def sample_completions(
             sample_shard, model, tokenizer.pad_token_id, prompts, generator, workers
         )
     device = next(model.parameters()).device
+    generator = generator_on(generator, device)  # the host generator seeds a device one
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
     prompt_ids = unique_ids.repeat_interleave(num_samples, dim=0)

@@ -36,6 +36,7 @@ from rlvr.verifiers import math as math_verifier
 
 ANSWER_MARKER = "####"
 OPERATIONS = ("+", "-")
+STYLES = ("equation", "question")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,10 @@ class ArithmeticTaskConfig:
     """Number of held-out problems (never used for training)."""
     held_out_seed: int = 1234
     """Seed of the held-out draw; fixed so that every run evaluates on the same problems."""
+    style: str = "equation"
+    """How problems are put: equation (`357+468=`, solved column by column: the lab's tiny
+    model) or question (`What is 357+468?`, solved as `357+468 = 825` then `#### 825`: the
+    form for a pretrained chat model)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,10 @@ class Problem:
     @property
     def answer(self) -> str:
         return str(self.a + self.b if self.op == "+" else self.a - self.b)
+
+    def asked(self, style: str) -> str:
+        """The prompt in `style`: `357+468=` (equation) or `What is 357+468?` (question)."""
+        return self.prompt if style == "equation" else f"What is {self.a}{self.op}{self.b}?"
 
 
 def worked_solution(
@@ -115,6 +124,11 @@ def worked_solution(
     return " ".join(steps) + f" {ANSWER_MARKER} {final}"
 
 
+def short_solution(problem: Problem, final: str) -> str:
+    """The question style's solution: the equation with its result, then `#### result`."""
+    return f"{problem.a}{problem.op}{problem.b} = {final}\n{ANSWER_MARKER} {final}"
+
+
 def _all_carries_dropped(problem: Problem) -> str:
     """The answer of the wrong procedure: every carry (borrow) forgotten."""
     return worked_solution(problem, 1.0, random.Random(0)).rsplit(" ", 1)[1]
@@ -133,6 +147,8 @@ def _check_config(config: ArithmeticTaskConfig) -> None:
     unknown = set(config.operations) - set(OPERATIONS)
     if unknown or not config.operations:
         raise ValueError(f"operations must be drawn from {OPERATIONS}, got {config.operations}")
+    if config.style not in STYLES:
+        raise ValueError(f"style must be one of {STYLES}, got {config.style!r}")
     if config.digits < 1:
         raise ValueError(f"digits must be >= 1, got {config.digits}")
     space = (9 * 10 ** (config.digits - 1)) ** 2 * len(config.operations)
@@ -162,13 +178,21 @@ def _identity(problem: Problem) -> Problem:
     return problem
 
 
-def rows(problems: list[Problem]) -> list[dict[str, str]]:
+def rows(problems: list[Problem], style: str = "equation") -> list[dict[str, str]]:
     """Task rows (`prompt`, `answer`) as the trainer and reward functions consume them."""
-    return [{"prompt": p.prompt, "answer": p.answer} for p in problems]
+    return [{"prompt": p.asked(style), "answer": p.answer} for p in problems]
+
+
+def iter_rows(problems: Iterator[Problem], style: str) -> Iterator[dict[str, str]]:
+    """`rows`, for a stream of problems."""
+    return ({"prompt": p.asked(style), "answer": p.answer} for p in problems)
 
 
 def max_solution_chars(config: ArithmeticTaskConfig) -> int:
     """Characters in the longest worked solution: a lower bound for the completion budget."""
+    if config.style == "question":  # "99+99 = 198\n#### 198"
+        equation = 2 * config.digits + 1
+        return equation + 3 + 2 * (config.digits + 1) + 1 + len(ANSWER_MARKER) + 1
     step = len("9-9-1=-10") if "-" in config.operations else len("9+9+1=19")
     answer_digits = config.digits + 1
     return config.digits * (step + 1) + len(ANSWER_MARKER) + 1 + answer_digits
@@ -180,17 +204,20 @@ def task_spec(config: ArithmeticTaskConfig, hedge_prob: float = 0.0) -> TaskSpec
     def corpus(seed: int, flaw_prob: float) -> Iterator[tuple[str, str]]:
         rng = random.Random(seed + 1)
         for problem in train_problems(config, seed):
-            yield problem.prompt, worked_solution(problem, flaw_prob, rng, hedge_prob)
+            worked = worked_solution(problem, flaw_prob, rng, hedge_prob)
+            if config.style == "question":
+                worked = short_solution(problem, worked.split(f"{ANSWER_MARKER} ", 1)[1])
+            yield problem.asked(config.style), worked
 
     def train_rows(seed: int) -> Iterator[dict[str, str]]:
-        return ({"prompt": p.prompt, "answer": p.answer} for p in train_problems(config, seed))
+        return iter_rows(train_problems(config, seed), config.style)
 
     names = {"+": "addition", "-": "subtraction"}
     # the longest solution, room for a hedge (" or " and a second answer) and EOS, and slack
     budget = max_solution_chars(config) + 12
     return TaskSpec(
         name="arithmetic",
-        held_out_rows=lambda: rows(held_out_problems(config)),
+        held_out_rows=lambda: rows(held_out_problems(config), config.style),
         train_rows=train_rows,
         corpus=corpus,
         reward_fn=math_verifier.math_reward,

@@ -82,7 +82,12 @@ def greedy_completions(
 
 
 def evaluate_stage_model(
-    model_dir: str, task: TaskSpec, modes: tuple[str, ...], seed: int, sampled: int = 4
+    model_dir: str,
+    task: TaskSpec,
+    modes: tuple[str, ...],
+    seed: int,
+    sampled: int = 4,
+    device: str | torch.device = "cpu",
 ) -> dict[str, float]:
     """Per thinking mode, on `task`'s held-out rows: greedy accuracy, sampled pass@1 at T = 1
     (`sampled` completions per problem, seeded by `seed + 1`), readability (share of
@@ -90,8 +95,8 @@ def evaluate_stage_model(
     completion length in tokens (EOS excluded) and, when `no_think` is among the modes, the
     share of completions that obey the mode (`obeys`: a well-formed empty think block for
     /no_think, a non-empty one otherwise). `default` mode carries no suffix, other modes
-    `@mode` (e.g. accuracy@no_think)."""
-    model, tokenizer = load_model(model_dir)
+    `@mode` (e.g. accuracy@no_think). The model is loaded onto `device`."""
+    model, tokenizer = load_model(model_dir, device=device)
     result: dict[str, float] = {}
     budget = task.max_new_tokens
     for mode in modes:

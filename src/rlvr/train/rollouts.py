@@ -101,7 +101,8 @@ class Rollout:
                 batch.completions,
                 reward_columns(per_completion),
             )
-        return batch, rewards, metrics
+        # the step's one host-to-device crossing: rewards join the batch on the model's device
+        return batch, rewards.to(batch.completion_ids.device), metrics
 
     def sync(self, learner: HasWeights) -> None:
         """Make the next `collect` sample from the learner's current weights, handed over as a
