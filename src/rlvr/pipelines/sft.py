@@ -30,6 +30,7 @@ import torch
 
 from rlvr.config import ConfigError, to_dict
 from rlvr.models.chat import format_rows, prompt_formatter
+from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import (
     TinyModelConfig,
     build_char_tokenizer,
@@ -128,20 +129,7 @@ def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig
 
 def add_lora(model: torch.nn.Module, rank: int, alpha: float | None) -> torch.nn.Module:
     """`model` with LoRA adapters on every linear layer (only they train); needs `peft`."""
-    try:
-        from peft import LoraConfig, get_peft_model  # optional: pip install rlvr[lora]
-    except ImportError:
-        raise ImportError(
-            "--lora-rank needs the peft package: pip install rlvr[lora] (or pip install peft)"
-        ) from None
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=alpha or 2 * rank,
-        target_modules="all-linear",
-        lora_dropout=0.0,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, config)
+    return apply_lora(model, LoRAConfig(rank=rank, alpha=alpha))
 
 
 def run_sft(
@@ -210,8 +198,7 @@ def run_sft(
     )
 
     # --- save and report -----------------------------------------------------------------------
-    if config.lora_rank > 0:
-        model = model.merge_and_unload()
+    model = merged(model)  # LoRA: adapters folded in, a plain Hugging Face model
     save_model(model, tokenizer, run.model_path)
     plot_loss_curve(records, run.path / "loss_curve.png")
     summary = {
