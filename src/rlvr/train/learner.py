@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.models.logprobs import completion_logprobs
+from rlvr.models.lora import adapters_disabled
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.config import StepPlan
-from rlvr.train.reference import sync_reference
+from rlvr.train.reference import check_reference_sync, sync_reference
 from rlvr.train.state import TrainState
 from rlvr.train.update import (
     UpdateWork,
@@ -43,6 +44,8 @@ class Learner:
     """Owns `state`'s models and optimizers; every switch it obeys comes resolved in `plan`."""
 
     def __init__(self, state: TrainState, plan: StepPlan) -> None:
+        """Raises ValueError when `plan` syncs a reference that is a LoRA policy's base."""
+        check_reference_sync(state.reference_is_base, plan.ref_sync_every)
         self.state, self.plan = state, plan
 
     @property
@@ -55,12 +58,23 @@ class Learner:
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """[N, T] log-probs under the reference model; None when there is none (beta == 0)."""
-        if self.state.reference is None:
+        """[N, T] log-probs under the reference model; None when there is none (beta == 0).
+
+        A LoRA policy's reference is the policy itself with its adapters disabled, in eval mode
+        (as a frozen copy would be); its train/eval mode is restored after."""
+        temperature = self.plan.sampling.temperature
+        if self.state.reference is not None:
+            return completion_logprobs(self.state.reference, *batch.model_inputs(), temperature)
+        if not self.state.reference_is_base:
             return None
-        return completion_logprobs(
-            self.state.reference, *batch.model_inputs(), self.plan.sampling.temperature
-        )
+        policy = self.state.policy
+        was_training = policy.training
+        try:
+            with adapters_disabled(policy):
+                policy.eval()
+                return completion_logprobs(policy, *batch.model_inputs(), temperature)
+        finally:
+            policy.train(was_training)
 
     @torch.no_grad()
     def values(self, batch: RolloutBatch) -> torch.Tensor | None:
