@@ -4,6 +4,7 @@ leaves the previous checkpoint intact."""
 from __future__ import annotations
 
 import errno
+import json
 import random
 from pathlib import Path
 
@@ -150,6 +151,34 @@ def test_rng_states_restored(tmp_path):
     _draws(objs[3])  # move every stream on
     _load(path, objs)
     assert _draws(objs[3]) == expected
+
+
+def test_rng_file_without_cuda_states_still_loads(tmp_path):
+    """rng.pt of a checkpoint written before CUDA states were saved has no "cuda" entry."""
+    objs = _objects()
+    torch.manual_seed(3)
+    path = _save(tmp_path, 1, objs)
+    rng = torch.load(path / "rng.pt", weights_only=True)
+    del rng["cuda"]
+    torch.save(rng, path / "rng.pt")
+    manifest = json.loads((path / MARKER).read_text())
+    manifest["rng.pt"] = (path / "rng.pt").stat().st_size
+    (path / MARKER).write_text(json.dumps(manifest))
+    expected = _draws(objs[3])
+    _draws(objs[3])
+    _load(path, objs)
+    assert _draws(objs[3]) == expected
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_rng_states_restored(tmp_path):
+    objs = _objects()
+    torch.cuda.manual_seed_all(4)
+    path = _save(tmp_path, 1, objs)
+    expected = torch.rand(3, device="cuda").tolist()
+    torch.rand(3, device="cuda")
+    _load(path, objs)
+    assert torch.rand(3, device="cuda").tolist() == expected
 
 
 def test_keep_last_deletes_only_older_complete_checkpoints(tmp_path):

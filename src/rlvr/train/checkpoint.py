@@ -2,9 +2,13 @@
 
 A checkpoint is a directory `step-000123/` inside a checkpoints directory:
 
-- `policy.safetensors`: the policy's weights, the thing being trained.
+- `policy.safetensors`: the policy's weights, the thing being trained. For a LoRA policy only
+  its adapters (the parameters that train): the base is frozen, so the model the run is
+  resumed with already holds it. `meta.json` then records a checksum of the base (the sum of
+  squares of its weights) and loading refuses a different base.
 - `reference.safetensors` (when `beta > 0`): the reference model. It is the *initial* policy
-  or a slow EMA of it, which the current policy cannot rebuild.
+  or a slow EMA of it, which the current policy cannot rebuild. A LoRA policy's reference is
+  its own base (adapters disabled): nothing to save.
 - `critic.safetensors` (PPO, `gae`): the value model, trained alongside the policy.
 - `optimizer.pt`, `critic_optimizer.pt`: AdamW's moments and step counts. Without them the
   next update differs (a fresh Adam takes a bias-corrected, full-size first step).
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import random
 import re
@@ -44,9 +49,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import safetensors
 import safetensors.torch
 import torch
 
+from rlvr.models.lora import adapter_state_dict, is_lora
 from rlvr.train.state import TrainState
 
 FORMAT_VERSION = 1
@@ -126,7 +133,7 @@ def _set_rng_state(state: dict[str, Any], generator: torch.Generator | None) -> 
         (np_kind, np.asarray(np_keys, dtype=np.uint32), np_pos, np_has_gauss, np_gauss)
     )
     torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
+    if state.get("cuda") is not None:  # absent from checkpoints written before CUDA states
         if torch.cuda.is_available() and torch.cuda.device_count() == len(state["cuda"]):
             torch.cuda.set_rng_state_all(state["cuda"])
         else:
@@ -138,6 +145,28 @@ def _set_rng_state(state: dict[str, Any], generator: torch.Generator | None) -> 
             )
     if generator is not None:
         generator.set_state(state["generator"])
+
+
+@torch.no_grad()
+def _base_checksum(model: torch.nn.Module) -> float:
+    """Sum of squares (float64) of `model`'s frozen weights: tells one LoRA base from another.
+
+    In chunks, so that a large embedding is never copied to float64 whole."""
+    total = 0.0
+    for param in model.parameters():
+        if not param.requires_grad:
+            for chunk in param.detach().flatten().split(1 << 24):
+                total += chunk.double().square().sum().item()
+    return total
+
+
+def _save_weights(model: torch.nn.Module, path: Path) -> None:
+    """All of a plain model's weights; only the trainable ones (adapters) of a LoRA model."""
+    if is_lora(model):
+        weights = {k: v.detach().contiguous() for k, v in adapter_state_dict(model).items()}
+        safetensors.torch.save_file(weights, str(path))
+    else:
+        safetensors.torch.save_model(model, str(path))
 
 
 def save_checkpoint(
@@ -172,6 +201,10 @@ def save_checkpoint(
         "data_position": data_position,
         "extra": extra if extra is not None else {},
     }
+    lora = {key: _base_checksum(m) for key, m in models.items() if is_lora(m)}
+    if lora:  # only for LoRA runs: other checkpoints stay as they were
+        meta["adapter_only"] = lora
+        meta["reference_is_base"] = state.reference_is_base
     try:
         meta_text = json.dumps(meta, indent=2, sort_keys=True)
     except (TypeError, ValueError) as err:
@@ -189,10 +222,7 @@ def save_checkpoint(
             shutil.rmtree(tmp)
         tmp.mkdir()
         for key, model in models.items():
-            _write(
-                tmp / f"{key}.safetensors",
-                lambda p, m=model: safetensors.torch.save_model(m, str(p)),
-            )
+            _write(tmp / f"{key}.safetensors", lambda p, m=model: _save_weights(m, p))
         for key, obj in states.items():
             _write(tmp / f"{key}.pt", lambda p, o=obj: torch.save(o.state_dict(), p))
         rng = _rng_state(generator)
@@ -278,13 +308,70 @@ def load_checkpoint(path: str | os.PathLike, state: TrainState) -> dict[str, Any
             "into; pass the same objects the run saved"
         )
 
+    adapter_only = meta.get("adapter_only", {})
+    _check_lora(path, models, adapter_only, meta.get("reference_is_base", False), state)
     for key, model in models.items():
-        device = next(model.parameters()).device
-        safetensors.torch.load_model(
-            model, path / f"{key}.safetensors", strict=True, device=str(device)
-        )
+        device = str(next(model.parameters()).device)
+        file = path / f"{key}.safetensors"
+        if key in adapter_only:
+            _load_adapters(model, file, device)
+        else:
+            safetensors.torch.load_model(model, file, strict=True, device=device)
     for key, obj in states.items():
         obj.load_state_dict(torch.load(path / f"{key}.pt", map_location="cpu", weights_only=True))
     _set_rng_state(torch.load(path / "rng.pt", weights_only=True), generator)
     state.step, state.data_position = meta["step"], meta["data_position"]
     return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
+
+
+def _check_lora(
+    path: Path,
+    models: dict[str, torch.nn.Module],
+    adapter_only: dict[str, float],
+    reference_is_base: bool,
+    state: TrainState,
+) -> None:
+    """CheckpointError, before anything is loaded, unless the models are LoRA exactly where the
+    checkpoint's were, with the same adapters on the same base weights, and the reference is
+    the base exactly when it was."""
+    for key, model in models.items():
+        if is_lora(model) != (key in adapter_only):
+            saved = "LoRA adapters" if key in adapter_only else "a full model"
+            raise CheckpointError(
+                f"{path} holds {saved} for {key!r} but the {key} passed "
+                f"{'is' if is_lora(model) else 'is not'} a LoRA model; build it as the run did"
+            )
+        if key not in adapter_only:
+            continue
+        with safetensors.safe_open(path / f"{key}.safetensors", "pt") as file:
+            saved_shapes = {k: tuple(file.get_slice(k).get_shape()) for k in file.keys()}
+        shapes = {k: tuple(p.shape) for k, p in adapter_state_dict(model).items()}
+        if saved_shapes != shapes:
+            differ = sorted(
+                k
+                for k in saved_shapes.keys() | shapes.keys()
+                if saved_shapes.get(k) != shapes.get(k)
+            )
+            raise CheckpointError(
+                f"{path}: the {key}'s adapters differ from the checkpoint's ({len(differ)} "
+                f"names or shapes, e.g. {differ[:2]}); use the LoRA settings the run used"
+            )
+        checksum = _base_checksum(model)
+        if not math.isclose(checksum, adapter_only[key], rel_tol=1e-9):
+            raise CheckpointError(
+                f"{path}: the {key}'s frozen base weights differ from the run's (sum of "
+                f"squares {checksum!r}, saved {adapter_only[key]!r}); resume on the base "
+                "model the run started from"
+            )
+    if reference_is_base != state.reference_is_base:
+        raise CheckpointError(
+            f"{path} was saved with reference_is_base={reference_is_base} but the state has "
+            f"{state.reference_is_base}; pass the same objects the run saved"
+        )
+
+
+def _load_adapters(model: torch.nn.Module, file: Path, device: str) -> None:
+    """Load a LoRA model's trainable weights (checked by `_check_lora`); the frozen base is left
+    as it is."""
+    result = model.load_state_dict(safetensors.torch.load_file(file, device=device), strict=False)
+    assert not result.unexpected_keys, result.unexpected_keys
