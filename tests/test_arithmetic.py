@@ -71,3 +71,19 @@ def test_rows_and_bad_configs():
         held_out_problems(ArithmeticTaskConfig(operations=("*",)))
     with pytest.raises(ValueError, match="too large"):
         held_out_problems(ArithmeticTaskConfig(digits=1, held_out_size=50))
+
+
+def test_the_question_style_asks_in_words_and_solves_in_one_line():
+    from rlvr.tasks.arithmetic import ArithmeticTaskConfig, task_spec
+
+    config = ArithmeticTaskConfig(digits=2, style="question", held_out_size=20)
+    task = task_spec(config)
+    row = task.held_out_rows()[0]
+    assert row["prompt"].startswith("What is ") and row["prompt"].endswith("?")
+    prompt, solution = next(task.corpus(0, 0.0))
+    a, b = map(int, prompt.removeprefix("What is ").removesuffix("?").split("+"))
+    assert solution == f"{a}+{b} = {a + b}\n#### {a + b}"
+    assert task.score(solution, {"answer": str(a + b)}) == 1.0
+    assert task.min_new_tokens == len("99+99 = 198\n#### 198") + 1
+    with pytest.raises(ValueError, match="style must be one of"):
+        task_spec(ArithmeticTaskConfig(style="prose")).held_out_rows()

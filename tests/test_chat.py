@@ -102,3 +102,39 @@ def test_train_on_a_templated_model_records_the_prompts_it_saw(tmp_path, capsys)
     assert samples and all(s["prompt"].startswith("<|start|>user\n") for s in samples)
     assert all(s["prompt"].endswith("<|start|>assistant\n") for s in samples)
     assert "eval/greedy_acc" in read_jsonl(runs / "chat" / "metrics.jsonl")[0]
+
+
+def test_few_shot_examples_come_as_earlier_turns_after_the_system_prompt():
+    tok = bpe_tokenizer()
+    examples = [("What is 1+2?", "1+2 = 3\n#### 3"), ("What is 5+5?", "5+5 = 10\n#### 10")]
+    rows = format_rows(tok, [{"prompt": "What is 7+7?"}], True, "Be brief.", examples)
+    assert rows[0]["prompt"] == (
+        "<|start|>system\nBe brief.<|end|>"
+        "<|start|>user\nWhat is 1+2?<|end|><|start|>assistant\n1+2 = 3\n#### 3<|end|>"
+        "<|start|>user\nWhat is 5+5?<|end|><|start|>assistant\n5+5 = 10\n#### 10<|end|>"
+        "<|start|>user\nWhat is 7+7?<|end|><|start|>assistant\n"
+    )
+    assert tok(rows[0]["prompt"])["input_ids"].count(tok.bos_token_id) == 1
+
+
+def test_few_shot_examples_are_correct_training_problems_never_held_out():
+    from rlvr.pipelines.common import few_shot_examples
+    from rlvr.tasks.arithmetic import ArithmeticTaskConfig, task_spec
+
+    task = task_spec(ArithmeticTaskConfig(digits=2, style="question", held_out_size=50))
+    examples = few_shot_examples(task, 3)
+    assert examples == few_shot_examples(task, 3) and len(examples) == 3
+    held_out = {r["prompt"] for r in task.held_out_rows()}
+    for prompt, solution in examples:
+        assert prompt not in held_out
+        a, b = map(int, prompt.removeprefix("What is ").removesuffix("?").split("+"))
+        assert solution == f"{a}+{b} = {a + b}\n#### {a + b}"
+    assert few_shot_examples(task, 0) == []
+
+
+def test_few_shot_without_a_chat_template_warns_that_it_is_unused(tmp_path, capsys):
+    from tests.test_lab import TINY
+
+    runs = ["--runs-dir", str(tmp_path / "runs"), "--run-name", "fs", "--cache-dir", str(tmp_path)]
+    main(["train", *TINY, *runs, "--few-shot", "2", "--grpo.steps", "1"])
+    assert "--few-shot 2 needs a chat template" in capsys.readouterr().err
