@@ -170,6 +170,7 @@ def test_rng_file_without_cuda_states_still_loads(tmp_path):
     assert _draws(objs[3]) == expected
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_rng_states_restored(tmp_path):
     objs = _objects()

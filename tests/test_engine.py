@@ -64,6 +64,7 @@ def test_batch_from_token_lists_masks_end_at_eos_or_at_the_row_length():
     assert batch.logprobs[2, 1:].abs().sum() == 0
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not vllm_available(), reason="vLLM engine needs vLLM and a CUDA GPU")
 def test_vllm_engine_matches_a_plain_forward_pass(tmp_path):
     from rlvr.models.tiny import save_model
