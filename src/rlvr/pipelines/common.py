@@ -7,9 +7,14 @@ run directory's refusals are user errors where `RunDirectory` raises them.)
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from rlvr.config import UserError
+import torch
+
+from rlvr.config import ConfigError, UserError
+from rlvr.models.lora import LoRAConfig, apply_lora, merged
+from rlvr.models.tiny import save_model
 from rlvr.tasks.registry import build_task
 from rlvr.tasks.spec import TaskSpec
 
@@ -48,3 +53,24 @@ def user_task(name: str, *args: Any, **kwargs: Any) -> TaskSpec:
         raise
     except ValueError as exc:
         raise TaskError(str(exc)) from exc
+
+
+def with_lora(model: torch.nn.Module, lora: LoRAConfig, seed: int) -> torch.nn.Module:
+    """`model` with LoRA adapters when `lora.rank > 0` (seeded), else as it is. A target layer
+    the model lacks, or peft missing, is a one-line `ConfigError` naming the flag."""
+    if not lora.enabled:
+        return model
+    try:
+        return apply_lora(model, lora, seed=seed)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"--lora.rank {lora.rank}: {exc}") from None
+
+
+def save_policy(
+    model: torch.nn.Module, tokenizer: Any, directory: str | Path, lora: LoRAConfig
+) -> Path:
+    """Save the trained policy: with LoRA, its adapters merged into an ordinary Hugging Face
+    directory, or the peft adapter directory alone with `lora.save_adapter_only`."""
+    if lora.enabled and not lora.save_adapter_only:
+        model = merged(model)
+    return save_model(model, tokenizer, directory)

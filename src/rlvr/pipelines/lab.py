@@ -26,14 +26,21 @@ import yaml
 from rlvr.config import ConfigError, UserError, apply_overrides, from_dict, to_dict
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, has_chat_template
-from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model, save_model
+from rlvr.models.lora import LoRAConfig
+from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model
 from rlvr.pipelines.base_model import (
     BaseConfig,
     base_model_dir,
     cached_base_model,
     resolved_hedge_prob,
 )
-from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, few_shot_examples, user_task
+from rlvr.pipelines.common import (
+    TRAIN_ROWS_SEED_OFFSET,
+    few_shot_examples,
+    save_policy,
+    user_task,
+    with_lora,
+)
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.step_time import format_step_time, step_time_split
@@ -110,6 +117,9 @@ class LabConfig:
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters on the policy (`--lora.rank 16`): only they train; with beta > 0 the
+    reference is the same model with its adapters off (no second copy)."""
 
 
 def recipe_lab_config(recipe: str) -> LabConfig:
@@ -161,6 +171,11 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
         training_reward(config.verifier, task)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
+    if config.lora.enabled and config.grpo.beta > 0 and config.grpo.ref_sync_every > 0:
+        raise ConfigError(
+            "--lora.rank with --grpo.beta > 0: the reference is the frozen base (adapters off), "
+            "which cannot be synced; set --grpo.ref-sync-every 0"
+        )
     assert config.grpo.max_new_tokens is not None  # filled by _resolve
     if config.grpo.max_new_tokens < task.min_new_tokens:
         raise ConfigError(
@@ -273,7 +288,6 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
         torch.set_num_threads(config.threads)
     resume = config.resume is not None
     run = RunDirectory(config.runs_dir, config.run_name, overwrite=config.overwrite, resume=resume)
-    run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
     start = time.perf_counter()
 
     # --- base model ------------------------------------------------------------------------
@@ -283,6 +297,8 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
     else:
         base_dir = Path(config.model)
     model, tokenizer = load_model(base_dir, device=precision.device)
+    model = with_lora(model, config.lora, config.seed)
+    run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
     base_seconds = time.perf_counter() - start
     _say(
         config,
@@ -346,7 +362,7 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
 
     # --- report ----------------------------------------------------------------------------
     final_eval = evaluate(model, config.eval_samples)
-    save_model(model, tokenizer, run.model_path)
+    save_policy(model, tokenizer, run.model_path, config.lora)
     title = _plot_title(task.describe, base_eval, final_eval)
     plot_reward_curve(records, run.path / "reward_curve.png", title=title)
     steps = [r for r in records if "reward/mean" in r]

@@ -30,9 +30,15 @@ import torch
 import yaml
 
 from rlvr.config import ConfigError, apply_overrides, from_dict, to_dict
-from rlvr.models.tiny import TinyModelConfig, load_model, save_model
+from rlvr.models.lora import LoRAConfig
+from rlvr.models.tiny import TinyModelConfig, load_model
 from rlvr.pipelines.base_model import BaseConfig, cached_base_model, resolved_hedge_prob
-from rlvr.pipelines.common import SAMPLE_ROWS_SEED_OFFSET, TRAIN_ROWS_SEED_OFFSET
+from rlvr.pipelines.common import (
+    SAMPLE_ROWS_SEED_OFFSET,
+    TRAIN_ROWS_SEED_OFFSET,
+    save_policy,
+    with_lora,
+)
 from rlvr.pipelines.sft import SFTConfig, run_sft
 from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.report.run_dir import RunDirectory
@@ -204,6 +210,9 @@ class GRPOStage:
     """Added to the pipeline's seed for this stage's rows and sampling."""
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     """The trainer's switches (`rlvr.train.config.GRPOConfig`)."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters on the policy (YAML `lora: {rank: 16}`); the stage's model is saved with
+    them merged (or as the adapter alone with `save_adapter_only`)."""
 
 
 def grpo_stage_config(s: GRPOStage, task: TaskSpec, max_seconds: float = 0.0) -> GRPOConfig:
@@ -232,6 +241,7 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
         max_seconds = ctx.seconds[s.same_time_as]
     config = grpo_stage_config(s, ctx.task, max_seconds)
     model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.device)
+    model = with_lora(model, s.lora, ctx.seed + s.seed)
     reward_fns, weights = [ctx.task.reward_fn], [1.0]
     if s.consistency_weight:
         reward_fns.append(reasoning.format_consistency_reward)
@@ -263,7 +273,7 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
         progress=ctx.progress,
         strict_reward_fn=ctx.task.reward_fn,
     )
-    return {"model": str(save_model(model, tokenizer, stage_dir / "model"))}
+    return {"model": str(save_policy(model, tokenizer, stage_dir / "model", s.lora))}
 
 
 def rows_in_modes(rows: Iterator[dict[str, Any]], modes: tuple[str, ...]) -> Iterator[dict]:
