@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rlvr.config import ConfigError, UserError, from_dict, read_yaml
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig
@@ -168,18 +166,19 @@ def run_pipeline(
     Every stage's model runs on `precision` (default: the CPU in float32)."""
     precision = precision or resolve_precision("cpu", "float32")
     with on_device(precision):
-        return _run_stages(pipeline, Path(out_dir), progress, reevaluate, precision.device)
+        return _run_stages(pipeline, Path(out_dir), progress, reevaluate, precision)
 
 
 def _run_stages(
-    pipeline: Pipeline, out: Path, progress: bool, reevaluate: bool, device: torch.device
+    pipeline: Pipeline, out: Path, progress: bool, reevaluate: bool, precision: Precision
 ) -> list[dict[str, Any]]:
     """`run_pipeline` inside its precision."""
     out.mkdir(parents=True, exist_ok=True)
     task = reasoning.task_spec(pipeline.task)
     ctx = stages.PipelineContext(
-        pipeline.task, task, pipeline.tiny, pipeline.seed, progress, device=device
+        pipeline.task, task, pipeline.tiny, pipeline.seed, progress, precision=precision
     )
+    device = precision.device
     check_stages(pipeline, task)
     report: list[dict[str, Any]] = []
     for index, stage in enumerate(pipeline.stages):

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from rlvr.config import ConfigError, to_dict
+from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, prompt_formatter
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import (
@@ -100,8 +101,13 @@ class SFTConfig:
     """With --task: held-out problems graded (greedy) as eval/greedy_acc; 0 turns it off."""
     eval_every: int = 0
     """Evaluate every N steps as well as before and after training (0: before and after)."""
+    device: str = "auto"
+    """Where the model trains: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
+    bfloat16; weights and optimizer state stay float32."""
     threads: int = 2
-    """CPU threads (torch.set_num_threads)."""
+    """CPU threads (torch.set_num_threads; the CPU only)."""
     progress: bool = True
     """Show a progress bar."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -143,6 +149,18 @@ def run_sft(
     training, every `eval_every` steps and after; its values are logged as `eval/<name>`.
     Without one, --eval-data gives eval/loss and --task gives eval/greedy_acc.
     """
+    precision = resolve_precision(config.device, config.dtype)  # before anything loads
+    with on_device(precision):
+        return _run_sft(config, precision, run_dir, evaluate)
+
+
+def _run_sft(
+    config: SFTConfig,
+    precision: Precision,
+    run_dir: str | Path | None,
+    evaluate: Evaluator | None,
+) -> Path:
+    """`run_sft` inside its device and precision."""
     start = time.perf_counter()
     task, pairs = None, None
     if config.data is not None:
@@ -155,10 +173,12 @@ def run_sft(
     path = Path(config.run_dir)
     run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
     run.write_config(to_dict(config))
-    torch.set_num_threads(config.threads)
+    if precision.is_cpu:
+        torch.set_num_threads(config.threads)
 
     # --- model ---------------------------------------------------------------------------------
     model, tokenizer = _initial_model(config)
+    model = model.to(precision.device)
     if evaluate is None:
         evaluate = _default_evaluator(config, task, tokenizer, eval_pairs)
 

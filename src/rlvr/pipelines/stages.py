@@ -30,6 +30,7 @@ import torch
 import yaml
 
 from rlvr.config import ConfigError, apply_overrides, from_dict, to_dict
+from rlvr.devices import Precision, resolve_precision
 from rlvr.models.lora import LoRAConfig
 from rlvr.models.tiny import TinyModelConfig, load_model
 from rlvr.pipelines.base_model import BaseConfig, cached_base_model, resolved_hedge_prob
@@ -59,7 +60,7 @@ class PipelineContext:
     tiny: TinyModelConfig
     seed: int
     progress: bool
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # every stage's
+    precision: Precision = field(default_factory=lambda: resolve_precision("cpu", "float32"))
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     last_model: str | None = None  # the most recent stage's model directory
@@ -103,7 +104,17 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
 # --- sft ---------------------------------------------------------------------------------
 
 
-SFT_STAGE_OWNS = ("data", "task", "model", "run_dir", "overwrite", "progress", "chat_template")
+SFT_STAGE_OWNS = (
+    "data",
+    "task",
+    "model",
+    "run_dir",
+    "overwrite",
+    "progress",
+    "chat_template",
+    "device",
+    "dtype",
+)
 """`SFTConfig` fields a pipeline's SFT stage sets itself: its `sft:` settings may not."""
 
 
@@ -177,6 +188,8 @@ def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[st
         chat_template=False,
         progress=ctx.progress,
         overwrite=True,
+        device=str(ctx.precision.device),
+        dtype=str(ctx.precision.dtype).removeprefix("torch."),
     )
     model_dir = run_sft(config, run_dir=stage_dir / "sft")
     return {"model": str(model_dir), "data": str(data)}
@@ -240,7 +253,7 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
             raise ConfigError(f"same_time_as: stage {s.same_time_as!r} has not run")
         max_seconds = ctx.seconds[s.same_time_as]
     config = grpo_stage_config(s, ctx.task, max_seconds)
-    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.device)
+    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.precision.device)
     model = with_lora(model, s.lora, ctx.seed + s.seed)
     reward_fns, weights = [ctx.task.reward_fn], [1.0]
     if s.consistency_weight:
@@ -315,7 +328,7 @@ def run_sample_stage(s: SampleStage, ctx: PipelineContext, stage_dir: Path) -> d
         progress=ctx.progress and s.sampling.progress,
     )
     write_stage_config(stage_dir, dataclasses.replace(s, sampling=config))
-    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.device)
+    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.precision.device)
     stream = rows_in_modes(ctx.task.train_rows(seed + SAMPLE_ROWS_SEED_OFFSET), s.modes)
     rows = [next(stream) for _ in range(s.prompts)]
 
@@ -351,7 +364,7 @@ def run_thinking_budget_stage(
     s: ThinkingBudgetStage, ctx: PipelineContext, stage_dir: Path
 ) -> dict[str, str]:
     """The thinking-budget curve (json, table, figure) and the mode check of the stage's model."""
-    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.device)
+    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.precision.device)
     rows = ctx.task.held_out_rows()
     budgets = list(s.budgets) or sorted(
         {*reasoning.step_budgets(ctx.task_config.digits), 4, 12, 22}

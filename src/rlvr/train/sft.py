@@ -95,8 +95,10 @@ def pairs_loss(
 ) -> tuple[torch.Tensor, int, int]:
     """(`completion_loss` of one forward pass over `pairs`, its divisor, sequences truncated)."""
     inputs = supervised_batch(tokenizer, *zip(*pairs), max_length=max_length)
-    logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
-    loss, num_tokens = completion_loss(logits, inputs["labels"])
+    device = next(model.parameters()).device
+    ids, mask = inputs["input_ids"].to(device), inputs["attention_mask"].to(device)
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    loss, num_tokens = completion_loss(logits, inputs["labels"].to(device))
     return loss, num_tokens, int(inputs["truncated"].sum())
 
 
