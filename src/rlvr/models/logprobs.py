@@ -1,14 +1,55 @@
-"""Per-token log-probs of given completions under a model: the loss's forward pass."""
+"""Per-token log-probs of given completions under a model: the loss's forward pass.
+
+Two ways to the log-probs, the same values (to float rounding) and gradients:
+- whole logits (`chunk_tokens=0`, and any model whose logits are not simply its output head
+  applied to its decoder's hidden states): the model's forward returns [N, T, V] logits, and
+  their log-softmax is held for the backward pass (2-3 tensors of N x T x V floats at once);
+- chunked (`chunk_tokens > 0`, a Hugging Face causal LM that `decoder_and_head` can split): the
+  decoder's hidden states [N, T, H] are computed once, and the output head, log-softmax and
+  gather run over `chunk_tokens` completion tokens at a time under `torch.utils.checkpoint`,
+  so the backward pass recomputes each chunk's logits instead of storing them. The largest
+  tensor is then chunk_tokens x V, whatever N and T; the price is one more head matmul per
+  token in the backward pass. Padding positions (`completion_mask == 0`) are skipped: their
+  log-prob is 0.
+"""
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
+from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache, PreTrainedModel
+
+SPLIT_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "olmo2", "smollm3"}
+)
+"""Architectures whose logits are exactly `lm_head(decoder(...).last_hidden_state)` (no
+soft-capping or logit scale after the head, as Gemma 2 or Cohere have): the ones chunking may
+split. Any other model takes the whole-logits path."""
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """Positions that skip left padding: 0 at each row's first real token. [N, L] -> [N, L]."""
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """(decoder, output head) of a Hugging Face causal LM whose logits are
+    `head(decoder(...).last_hidden_state)`, or None when `model` cannot be split so (a wrapper
+    with its own forward, an architecture outside `SPLIT_MODEL_TYPES`). A peft model (LoRA) is
+    split through its base model, whose layers carry the adapters."""
+    if hasattr(model, "get_base_model") and hasattr(model, "peft_config"):
+        config = getattr(model, "active_peft_config", None)
+        if getattr(config, "is_prompt_learning", False):  # virtual tokens: its own forward
+            return None
+        model = model.get_base_model()
+    if not isinstance(model, PreTrainedModel):
+        return None
+    if getattr(model.config, "model_type", None) not in SPLIT_MODEL_TYPES:
+        return None
+    head, decoder = model.get_output_embeddings(), model.get_decoder()
+    if not isinstance(head, torch.nn.Module) or decoder is model:
+        return None
+    return decoder, head
 
 
 def completion_logprobs(
@@ -18,23 +59,34 @@ def completion_logprobs(
     completion_ids: torch.Tensor,  # [N, T] right-padded
     completion_mask: torch.Tensor,  # [N, T]
     temperature: float = 1.0,
+    chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """Log-prob of each completion token given everything before it: [N, T].
 
     Logits are divided by `temperature` (when > 0) so that the result matches the distribution
-    the tokens were sampled from. Positions where `completion_mask` is 0 hold meaningless values:
-    every consumer reduces with the mask.
+    the tokens were sampled from. Positions where `completion_mask` is 0 hold meaningless values
+    (0 when chunked): every consumer reduces with the mask. `chunk_tokens > 0` computes the
+    head's logits that many completion tokens at a time (module docstring), when the model can
+    be split (`decoder_and_head`); otherwise the whole [N, T, V] logits at once.
     """
     input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
     attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+    }
     num_completion = completion_ids.shape[1]
+    split = decoder_and_head(model) if chunk_tokens > 0 else None
+    if split is not None:
+        decoder, head = split
+        hidden = decoder(**inputs, use_cache=False).last_hidden_state  # no KV cache to fill
+        hidden = hidden[:, -num_completion - 1 : -1, :]
+        return chunked_token_logprobs(
+            hidden, head, completion_ids, completion_mask, temperature, chunk_tokens
+        )
     # logits at position t predict token t+1: keep the T positions that predict the completion
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        logits_to_keep=num_completion + 1,
-    ).logits[:, :-1, :]
+    logits = model(**inputs, logits_to_keep=num_completion + 1).logits[:, :-1, :]
     return token_logprobs(logits, completion_ids, temperature)
 
 
@@ -46,6 +98,7 @@ def completion_logprobs_shared_prompts(
     completion_mask: torch.Tensor,  # [N, T]
     group_ids: torch.Tensor,  # [N] rows of one group share one prompt
     temperature: float = 1.0,
+    chunk_tokens: int = 0,
 ) -> torch.Tensor:
     """`completion_logprobs`, with each group's prompt run through the model once.
 
@@ -54,37 +107,59 @@ def completion_logprobs_shared_prompts(
     the group's rows (a differentiable gather, so the backward pass sums the rows' gradients
     into the one prompt) and the completions run on top of it. Same values and gradients as
     `completion_logprobs`, with (G - 1) / G of the prompt tokens' forward and backward saved.
+    `chunk_tokens` as in `completion_logprobs`.
+
+    A model training under gradient checkpointing drops the KV cache (its recomputed layers
+    cannot replay writes to it): such a call takes `completion_logprobs` instead.
     """
+    if model.training and torch.is_grad_enabled() and _checkpointing(model):
+        return completion_logprobs(
+            model,
+            prompt_ids,
+            prompt_mask,
+            completion_ids,
+            completion_mask,
+            temperature,
+            chunk_tokens,
+        )
+    split = decoder_and_head(model) if chunk_tokens > 0 else None
+    run = split[0] if split is not None else model
     n = len(group_ids)
     groups, row_group = torch.unique(group_ids, return_inverse=True)
     first = torch.full((len(groups),), n, dtype=torch.long, device=group_ids.device)
     first = first.scatter_reduce(0, row_group, torch.arange(n, device=group_ids.device), "amin")
     unique_mask = prompt_mask[first]
     cache = DynamicCache(config=getattr(model, "config", None))
-    prompt_out = model(
-        input_ids=prompt_ids[first],
-        attention_mask=unique_mask,
-        position_ids=position_ids_from_mask(unique_mask),
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    logits = prompt_out.logits[:, -1:, :][row_group]  # [N, 1, V]: predicts completion token 0
+    prompt_inputs = {
+        "input_ids": prompt_ids[first],
+        "attention_mask": unique_mask,
+        "position_ids": position_ids_from_mask(unique_mask),
+        "cache": cache,
+        "use_cache": True,
+    }
+    if split is None:
+        prompt_inputs["logits_to_keep"] = 1
+    out = _last_states(run(**prompt_inputs), split)
+    states = out[:, -1:, :][row_group]  # [N, 1, V or H]: predicts completion token 0
     if completion_ids.shape[1] > 1:
         cache.batch_select_indices(row_group)  # each row gets its prompt's keys and values
         steps = completion_ids.shape[1] - 1  # the last completion token predicts nothing
         positions = prompt_mask.sum(dim=1, keepdim=True) + torch.arange(
             steps, device=completion_ids.device
         )
-        rest = model(
+        rest = run(
             input_ids=completion_ids[:, :steps],
             attention_mask=torch.cat([prompt_mask, completion_mask[:, :steps].long()], dim=1),
             position_ids=positions,
             cache=cache,
             use_cache=True,
-        ).logits
-        logits = torch.cat([logits, rest], dim=1)
-    return token_logprobs(logits, completion_ids, temperature)
+        )
+        states = torch.cat([states, _last_states(rest, split)], dim=1)
+    if split is not None:
+        return chunked_token_logprobs(
+            states, split[1], completion_ids, completion_mask, temperature, chunk_tokens
+        )
+    return token_logprobs(states, completion_ids, temperature)
 
 
 def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -93,3 +168,54 @@ def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) 
     if temperature > 0:
         logits = logits / temperature
     return torch.log_softmax(logits, dim=-1).gather(2, ids[..., None]).squeeze(2)
+
+
+def chunked_token_logprobs(
+    hidden: torch.Tensor,  # [N, T, H]: the states that predict `ids`
+    head: torch.nn.Module,  # H -> V
+    ids: torch.Tensor,  # [N, T]
+    mask: torch.Tensor,  # [N, T]: 0 on padding
+    temperature: float,
+    chunk_tokens: int,
+) -> torch.Tensor:
+    """`token_logprobs(head(hidden), ids, temperature)` at the tokens where `mask` is nonzero,
+    `chunk_tokens` tokens (across rows) at a time: [N, T] fp32, 0 where `mask` is 0.
+
+    With gradients on, each chunk runs under a non-reentrant `torch.utils.checkpoint`: only its
+    hidden states are kept, and the backward pass recomputes its chunk_tokens x V logits."""
+    rows, cols = (mask != 0).nonzero(as_tuple=True)
+    states, targets = hidden[rows, cols], ids[rows, cols]  # [M, H], [M]
+    track = torch.is_grad_enabled() and (
+        states.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    pieces = []
+    for start in range(0, len(targets), chunk_tokens):
+        piece = (head, states[start : start + chunk_tokens], targets[start : start + chunk_tokens])
+        if track:
+            pieces.append(checkpoint(_head_logprobs, *piece, temperature, use_reentrant=False))
+        else:
+            pieces.append(_head_logprobs(*piece, temperature))
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=hidden.device)
+    if not pieces:
+        return out
+    return out.index_put((rows, cols), torch.cat(pieces))
+
+
+def _head_logprobs(
+    head: torch.nn.Module, states: torch.Tensor, ids: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """log softmax(head(states) / temperature) at `ids`: [M, H], [M] -> [M] (fp32)."""
+    logits = head(states).float()
+    if temperature > 0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(1, ids[:, None]).squeeze(1)
+
+
+def _last_states(out, split: tuple | None) -> torch.Tensor:
+    """The logits of a whole-model output, or the hidden states of a decoder's."""
+    return out.logits if split is None else out.last_hidden_state
+
+
+def _checkpointing(model: torch.nn.Module) -> bool:
+    """Whether any layer of `model` has gradient checkpointing on (Hugging Face's flag)."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())

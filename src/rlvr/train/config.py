@@ -17,6 +17,10 @@ from rlvr import algo
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.update import LossFn
 
+LOGPROB_CHUNK_TOKENS = 1024
+"""Default `logprob_chunk_tokens`: 1024 x a 49,152-token vocabulary is 200 MB of fp32 logits
+per chunk; the lab's numbers move only at float rounding (`benchmarks/bench_memory.py`)."""
+
 
 @dataclass(frozen=True)
 class GRPOConfig:
@@ -125,6 +129,19 @@ class GRPOConfig:
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
     0: one pass over the whole batch with one worker; with several CPU workers,
     `WORKER_MICRO_BATCH_TOKENS` (small enough that a worker's activations stay in cache)."""
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    """The loss's log-probs run the output head, log-softmax and gather over this many
+    completion tokens at a time, each chunk recomputed in the backward pass instead of stored
+    (`rlvr.models.logprobs`): the [rows, tokens, vocab] logits are never held whole, only
+    chunk x vocab floats, for one more head matmul per token (`benchmarks/bench_memory.py`).
+    Padding tokens are skipped. 0: whole logits. Models that cannot be split into a decoder and
+    a head (`decoder_and_head`) always take whole logits."""
+    gradient_checkpointing: bool = False
+    """Recompute each transformer layer's activations in the backward pass instead of storing
+    them (Hugging Face's activation checkpointing, non-reentrant): activation memory falls
+    from layers x tokens x (several x hidden) to about layers x tokens x hidden, for about
+    one more forward pass of time. The update then runs a prompt per row (a KV cache cannot be
+    checkpointed, so `share_prompt_forward` is off); sampling (eval mode) keeps its cache."""
 
 
 WORKER_MICRO_BATCH_TOKENS = 2048
@@ -167,6 +184,8 @@ class StepPlan:
     skip_zero_advantage: bool  # rows with advantage 0 carry no gradient (no KL in the loss)
     share_prompts: bool  # the update may run each group's prompt once
     micro_batch_tokens: int
+    logprob_chunk_tokens: int  # the loss's log-probs, this many tokens at a time (0: whole)
+    gradient_checkpointing: bool  # the policy recomputes its layers' activations in backward
     workers: int
     reference: bool  # a frozen reference model is needed (beta > 0)
     critic: bool  # a value model is trained (gae)
@@ -236,9 +255,13 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         grad_clip=config.grad_clip,
         value_clip=config.value_clip,
         skip_zero_advantage=beta_in_loss == 0,
-        share_prompts=config.share_prompt_forward and config.group_size > 1,
+        share_prompts=config.share_prompt_forward
+        and config.group_size > 1
+        and not config.gradient_checkpointing,
         micro_batch_tokens=config.micro_batch_tokens
         or (WORKER_MICRO_BATCH_TOKENS if workers > 1 else 0),
+        logprob_chunk_tokens=config.logprob_chunk_tokens,
+        gradient_checkpointing=config.gradient_checkpointing,
         workers=workers,
         reference=with_kl,
         critic=config.advantage_estimator == "gae",
@@ -302,6 +325,8 @@ def _range_problems(config: GRPOConfig) -> list[str]:
         problems.append("max_new_tokens must be set (>= 1) before training")
     elif not 0 <= config.overlong_buffer < config.max_new_tokens:
         problems.append("overlong_buffer must be in [0, max_new_tokens)")
+    if config.logprob_chunk_tokens < 0:
+        problems.append("logprob_chunk_tokens must be >= 0 (0: whole logits)")
     return problems
 
 

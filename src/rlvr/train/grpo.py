@@ -30,6 +30,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rlvr import algo
+from rlvr.config import ConfigError
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine, RolloutEngine
@@ -154,9 +155,13 @@ def build_trainer(
     engine: RolloutEngine | None = None,
 ) -> Trainer:
     """Check and resolve `config`, seed and build the state, and the two roles around it; the
-    engine defaults to sampling in process with the policy itself."""
+    engine defaults to sampling in process with the policy itself. With
+    `gradient_checkpointing`, the policy (and the copies made of it: reference, critic body)
+    recomputes its layers in the backward pass."""
     workers = default_workers(model, config.cpu_workers)
     plan = build_plan(config, workers)
+    if plan.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     state = build_state(
         model,
         seed=seed,
@@ -172,6 +177,23 @@ def build_trainer(
         engine, train_rows, reward_fns, weights, plan.sampling, tokenizer.pad_token_id
     )
     return Trainer(plan, state, rollout, Learner(state, plan))
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on Hugging Face's non-reentrant activation checkpointing of `model`'s layers (a
+    `ConfigError` for a model without it). It acts only in training mode with gradients on, so
+    sampling (eval mode, no grad) keeps its KV cache and speed."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    kwargs = "activation_checkpointing_kwargs"
+    if enable is None:  # transformers before the rename
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        kwargs = "gradient_checkpointing_kwargs"
+    if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ConfigError(
+            "gradient_checkpointing=true needs a Hugging Face model that supports it; "
+            f"{type(model).__name__} does not"
+        )
+    enable(**{kwargs: {"use_reentrant": False}})
 
 
 def train_grpo(

@@ -268,11 +268,13 @@ def accumulate_gradients(
     loss_fn: LossFn,
     temperature: float,
     workers: int,
+    logprob_chunk_tokens: int = 0,
 ) -> UpdateResult:
     """Set every trainable parameter's `.grad` to the gradient of the step's loss, run as
     `work` plans it: each worker's micro-batches in its own thread, gradients summed per worker
     and then across workers in worker order (deterministic). With nothing to run, the gradients
-    are zeros (the optimizer still steps: Adam's moments decay)."""
+    are zeros (the optimizer still steps: Adam's moments decay). The log-probs' head runs
+    `logprob_chunk_tokens` completion tokens at a time (0: whole logits; `completion_logprobs`)."""
     params = [p for p in policy.parameters() if p.requires_grad]
     if not work.parts:
         for p in params:
@@ -288,10 +290,10 @@ def accumulate_gradients(
             t_fwd = time.perf_counter()
             if work.shared_prompts:  # each group's prompt runs once; same values and gradients
                 logp = completion_logprobs_shared_prompts(
-                    policy, *cols, batch.group_ids[part], temperature
+                    policy, *cols, batch.group_ids[part], temperature, logprob_chunk_tokens
                 )
             else:
-                logp = completion_logprobs(policy, *cols, temperature)
+                logp = completion_logprobs(policy, *cols, temperature, logprob_chunk_tokens)
             loss, metrics = loss_fn(logp, old, adv, mask, ref_logp=ref, **work.divisors)
             t_bwd = time.perf_counter()
             part_grads = torch.autograd.grad(loss, params, allow_unused=True)
