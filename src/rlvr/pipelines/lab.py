@@ -43,6 +43,7 @@ from rlvr.pipelines.common import (
 )
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
+from rlvr.report.stats import format_interval, wilson_interval
 from rlvr.report.step_time import format_step_time, step_time_split
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.reasoning import ReasoningTaskConfig
@@ -372,6 +373,11 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
         "base_sampled_acc": base_eval["sampled_acc"],
         "final_greedy_acc": final_eval["greedy_acc"],
         "final_sampled_acc": final_eval["sampled_acc"],
+        "ci95": {  # Wilson intervals over the held-out problems (conservative when sampled)
+            f"{when}_{kind}_acc": wilson_interval(result[f"{kind}_acc"], len(held_out))
+            for when, result in (("base", base_eval), ("final", final_eval))
+            for kind in ("greedy", "sampled")
+        },
         "sampled_acc_samples_per_problem": config.eval_samples,
         "held_out_problems": len(held_out),
         "steps": len(steps),
@@ -388,11 +394,14 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
     run.write_summary(summary)
     if summary["hacking_monitor"]["warning"]:
         print(f"[rlvr] WARNING: {summary['hacking_monitor']['warning']}", file=sys.stderr)
+    n = len(held_out)
     _say(
         config,
-        f"held-out accuracy: greedy {summary['base_greedy_acc']:.3f} -> "
-        f"{summary['final_greedy_acc']:.3f}, sampled {summary['base_sampled_acc']:.3f} -> "
-        f"{summary['final_sampled_acc']:.3f} in {summary['wall_seconds']:.0f} s; "
+        f"held-out accuracy (95% intervals, {n} problems): greedy "
+        f"{format_interval(base_eval['greedy_acc'], n)} -> "
+        f"{format_interval(final_eval['greedy_acc'], n)}, sampled "
+        f"{format_interval(base_eval['sampled_acc'], n)} -> "
+        f"{format_interval(final_eval['sampled_acc'], n)} in {summary['wall_seconds']:.0f} s; "
         f"see {run.path}/",
     )
     _say(config, format_step_time(summary["step_time"]))
