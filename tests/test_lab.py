@@ -149,6 +149,7 @@ def test_eval_schedule_is_dense_early():
         100,
     ]
     assert [s for s in range(1, 8) if is_eval_step(s, 3, 7)] == [1, 2, 3, 6, 7]
+    assert [s for s in range(1, 8) if is_eval_step(s, 0, 7)] == [7]  # 0: the end only
 
 
 @pytest.mark.parametrize("task", ["code", "tool"])

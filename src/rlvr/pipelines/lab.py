@@ -358,6 +358,7 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
         progress=config.progress,
         strict_reward_fn=task.reward_fn,
         resume=resume,
+        initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
     )
     rl_seconds = time.perf_counter() - rl_start
 

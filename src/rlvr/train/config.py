@@ -104,7 +104,8 @@ class GRPOConfig:
     """Stop after this many consecutive updates skipped for a NaN/Inf loss or gradient."""
     eval_every: int = 20
     """Evaluate held-out accuracy every N steps, at steps 1, 2, 4, 8, ... below N (where
-    the curve moves fastest), before the first step and after the last."""
+    the curve moves fastest), before the first step and after the last; 0: only before the
+    first step and after the last (for models whose evaluation is costly)."""
     samples_per_step: int = 4
     """Completions written to samples.jsonl per step."""
     cpu_workers: int = 0

@@ -210,11 +210,12 @@ def train_grpo(
     strict_reward_fn: RewardFn | None = None,
     resume: bool = False,
     engine: RolloutEngine | None = None,
+    initial_eval: dict[str, float] | None = None,
 ) -> list[dict[str, Any]]:
     """Run `config.steps` steps, logging to `run`; returns the metric records.
 
     `evaluate(model)` returns held-out metrics (logged under `eval/`), called before the first
-    step, on the schedule of `is_eval_step`, and after the last. `strict_reward_fn` (TRL
+    step (unless the caller passes that evaluation as `initial_eval`), on the schedule of `is_eval_step`, and after the last. `strict_reward_fn` (TRL
     signature) is the hacking monitor's verifier: every `monitor_every` steps it re-scores a
     sample of the step's completions, and a training reward above it by more than
     `monitor_gap` is logged (`monitor/*`) and warned about.
@@ -236,7 +237,7 @@ def train_grpo(
         config.monitor_gap,
     )
     checkpoints = run.path / "checkpoints"
-    last_eval = _resume_or_evaluate(t, run, evaluate, checkpoints if resume else None)
+    last_eval = _resume_or_evaluate(t, run, evaluate, checkpoints if resume else None, initial_eval)
     start, stop, nonfinite_in_a_row = time.perf_counter(), StopRequest(), 0
     bar = tqdm(
         range(t.state.step + 1, config.steps + 1),
@@ -280,17 +281,23 @@ def train_grpo(
 
 
 def _resume_or_evaluate(
-    t: Trainer, run: RunDirectory, evaluate: Evaluator, checkpoints: Path | None
+    t: Trainer,
+    run: RunDirectory,
+    evaluate: Evaluator,
+    checkpoints: Path | None,
+    initial_eval: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Load the newest checkpoint under `checkpoints` (None: a fresh run) and cut the logs back
-    to its step; otherwise evaluate the starting model as step 0. Returns that evaluation."""
+    to its step; otherwise log the starting model's evaluation as step 0: `initial_eval` when
+    the caller has it already, else `evaluate(policy)`. Returns that evaluation."""
     if checkpoints is not None and (latest := latest_checkpoint(checkpoints)) is not None:
         load_checkpoint(latest, t.state)
         t.rollout.skip(t.state.data_position)
         run.truncate_logs(after_step=t.state.step)
         tqdm.write(f"[rlvr] resumed from {latest} (step {t.state.step})", file=sys.stderr)
         return {}
-    record = {f"eval/{k}": v for k, v in evaluate(t.state.policy).items()}
+    start = initial_eval if initial_eval is not None else evaluate(t.state.policy)
+    record = {f"eval/{k}": v for k, v in start.items()}
     run.log_metrics({"step": 0, **record})
     return record
 
@@ -351,6 +358,9 @@ class StopRequest:
 
 
 def is_eval_step(step: int, every: int, last: int) -> bool:
-    """Multiples of `every`, powers of two below it, and the last step."""
+    """Multiples of `every`, powers of two below it, and the last step (`every` 0: the last
+    step only)."""
+    if every <= 0:
+        return step == last
     power_of_two = step & (step - 1) == 0
     return step % every == 0 or (step < every and power_of_two) or step == last
