@@ -11,9 +11,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from rlvr.config import ConfigError
 from rlvr.models.logprobs import (
+    LinearLogprobs,
     completion_logprobs,
     completion_logprobs_shared_prompts,
     decoder_and_head,
+    token_logprobs,
 )
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from rlvr.report.timer import StepTimer
@@ -77,12 +79,40 @@ def assert_same(a, b):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
 
 
+def graph_names(tensor: torch.Tensor) -> set[str]:
+    """Names of the autograd nodes `tensor` was computed through."""
+    names, stack, seen = set(), [tensor.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        stack.extend(fn for fn, _ in node.next_functions)
+    return names
+
+
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("chunk", [1, 3, 100])
-def test_chunked_logprobs_and_gradients_equal_whole_logits(shared, chunk):
+def test_fused_chunked_logprobs_and_gradients_equal_whole_logits(shared, chunk):
     model = llama(tie=shared)  # tied and untied heads both get their gradient
     whole = values_and_grads(model, shared=False, chunk=0)
-    head_rows = []  # the head's input sizes, in the forward and in the backward's recompute
+    chunked = values_and_grads(model, shared=shared, chunk=chunk)
+    assert_same(chunked, whole)
+    logp, mask, _ = chunked
+    assert torch.all(logp[mask == 0] == 0)  # padding is skipped, not computed
+    cols, group_ids = padded_batch()
+    assert "LinearLogprobsBackward" in graph_names(completion_logprobs(model, *cols, 0.7, chunk))
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("chunk", [1, 3, 100])
+def test_checkpointed_chunks_of_any_other_head_equal_whole_logits(shared, chunk):
+    """A hooked head is not a plain Linear: each chunk runs it under torch.utils.checkpoint,
+    never on more than `chunk` tokens (the forward, then the backward's recompute)."""
+    model = llama(tie=shared)
+    whole = values_and_grads(model, shared=False, chunk=0)
+    head_rows = []
     hook = model.lm_head.register_forward_hook(lambda m, args, out: head_rows.append(out.shape))
     chunked = values_and_grads(model, shared=shared, chunk=chunk)
     hook.remove()
@@ -90,8 +120,31 @@ def test_chunked_logprobs_and_gradients_equal_whole_logits(shared, chunk):
     real_tokens = int(padded_batch()[0][3].sum())
     assert all(len(shape) == 2 and shape[0] <= chunk for shape in head_rows)
     assert sum(shape[0] for shape in head_rows) == 2 * real_tokens  # forward + recompute
-    logp, mask, _ = chunked
-    assert torch.all(logp[mask == 0] == 0)  # padding is skipped, not computed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_logprobs_with_a_bias_match_autograd(dtype):
+    g = torch.Generator().manual_seed(1)
+    states = torch.randn(11, 16, generator=g).to(dtype).requires_grad_()
+    weight = torch.randn(40, 16, generator=g).to(dtype).requires_grad_()
+    bias = torch.randn(40, generator=g).to(dtype).requires_grad_()
+    ids = torch.randint(0, 40, (11,), generator=g)
+    upstream = torch.randn(11, generator=g)
+    results = []
+    for fused in (False, True):
+        if fused:
+            logp = LinearLogprobs.apply(states, weight, bias, ids, 0.7, 4)
+        else:
+            logits = torch.nn.functional.linear(states, weight, bias)
+            logp = token_logprobs(logits[None], ids[None], 0.7)[0]
+        grads = torch.autograd.grad((logp * upstream).sum(), (states, weight, bias))
+        results.append((logp, grads))
+    (plain, plain_grads), (fused, fused_grads) = results
+    tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.05}
+    torch.testing.assert_close(fused, plain, **tol)
+    for a, b in zip(fused_grads, plain_grads):
+        assert a.dtype == dtype
+        torch.testing.assert_close(a, b, **tol)
 
 
 def test_chunked_logprobs_without_gradients_and_at_temperature_one():

@@ -6,8 +6,9 @@ Two ways to the log-probs, the same values (to float rounding) and gradients:
   their log-softmax is held for the backward pass (2-3 tensors of N x T x V floats at once);
 - chunked (`chunk_tokens > 0`, a Hugging Face causal LM that `decoder_and_head` can split): the
   decoder's hidden states [N, T, H] are computed once, and the output head, log-softmax and
-  gather run over `chunk_tokens` completion tokens at a time under `torch.utils.checkpoint`,
-  so the backward pass recomputes each chunk's logits instead of storing them. The largest
+  gather run over `chunk_tokens` completion tokens at a time (`chunked_token_logprobs`: a
+  fused `LinearLogprobs` for a plain Linear head, `torch.utils.checkpoint` for any other), so
+  the backward pass recomputes each chunk's logits instead of storing them. The largest
   tensor is then chunk_tokens x V, whatever N and T; the price is one more head matmul per
   token in the backward pass. Padding positions (`completion_mask == 0`) are skipped: their
   log-prob is 0.
@@ -181,10 +182,21 @@ def chunked_token_logprobs(
     """`token_logprobs(head(hidden), ids, temperature)` at the tokens where `mask` is nonzero,
     `chunk_tokens` tokens (across rows) at a time: [N, T] fp32, 0 where `mask` is 0.
 
-    With gradients on, each chunk runs under a non-reentrant `torch.utils.checkpoint`: only its
-    hidden states are kept, and the backward pass recomputes its chunk_tokens x V logits."""
+    A plain `nn.Linear` head (no hooks) runs `LinearLogprobs`: its backward recomputes each
+    chunk's logits and turns them into the gradients in place, accumulating the weight's
+    gradient in one buffer. Any other head (a LoRA layer, a hooked module) runs each chunk
+    under a non-reentrant `torch.utils.checkpoint`, which recomputes the chunk through autograd
+    (the same values, a few more chunk x V temporaries and a weight-sized gradient per chunk)."""
     rows, cols = (mask != 0).nonzero(as_tuple=True)
     states, targets = hidden[rows, cols], ids[rows, cols]  # [M, H], [M]
+    out = torch.zeros(ids.shape, dtype=torch.float32, device=hidden.device)
+    if len(targets) == 0:
+        return out
+    if _plain_linear(head):
+        values = LinearLogprobs.apply(
+            states, head.weight, head.bias, targets, temperature, chunk_tokens
+        )
+        return out.index_put((rows, cols), values)
     track = torch.is_grad_enabled() and (
         states.requires_grad or any(p.requires_grad for p in head.parameters())
     )
@@ -195,10 +207,77 @@ def chunked_token_logprobs(
             pieces.append(checkpoint(_head_logprobs, *piece, temperature, use_reentrant=False))
         else:
             pieces.append(_head_logprobs(*piece, temperature))
-    out = torch.zeros(ids.shape, dtype=torch.float32, device=hidden.device)
-    if not pieces:
-        return out
     return out.index_put((rows, cols), torch.cat(pieces))
+
+
+class LinearLogprobs(torch.autograd.Function):
+    """log softmax((states @ weight.T + bias) / temperature) at `ids`, `chunk` rows at a time:
+    [M, H], [V, H], [V] | None, [M] -> [M] fp32, holding no [M, V] tensor in either pass.
+
+    The forward keeps only its inputs. The backward recomputes each chunk's logits z (fp32) and
+    overwrites them with dlogp/dz = g * (onehot(ids) - softmax(z)) / temperature, from which
+    the states' gradient (its rows of the output) and the weight's (`addmm_` into one fp32
+    buffer) follow: one chunk x V buffer at a time, one more head matmul per token than a
+    whole-logits backward."""
+
+    @staticmethod
+    def forward(ctx, states, weight, bias, ids, temperature, chunk):
+        out = torch.empty(len(ids), dtype=torch.float32, device=states.device)
+        for start in range(0, len(ids), chunk):
+            end = start + chunk
+            logits = _linear_logits(states[start:end], weight, bias, temperature)
+            picked = logits.gather(1, ids[start:end, None]).squeeze(1)
+            out[start:end] = picked - torch.logsumexp(logits, dim=-1)
+        ctx.save_for_backward(states, weight, bias, ids)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        states, weight, bias, ids = ctx.saved_tensors
+        need_states, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_states = torch.empty_like(states) if need_states else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if need_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if need_bias else None
+        for start in range(0, len(ids), ctx.chunk):
+            end = start + ctx.chunk
+            g = grad_out[start:end].float()
+            grad = _linear_logits(states[start:end], weight, bias, ctx.temperature)
+            grad = grad.sub_(torch.logsumexp(grad, dim=-1, keepdim=True)).exp_()  # softmax
+            grad.mul_(-g[:, None])
+            grad[torch.arange(len(g), device=grad.device), ids[start:end]] += g
+            if ctx.temperature > 0:
+                grad.div_(ctx.temperature)
+            if need_states:
+                grad_states[start:end] = (grad.to(weight.dtype) @ weight).to(states.dtype)
+            if need_weight:
+                grad_weight.addmm_(grad.T, states[start:end].float())
+            if need_bias:
+                grad_bias += grad.sum(dim=0)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_states, grad_weight, grad_bias, None, None, None
+
+
+def _linear_logits(
+    states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float
+) -> torch.Tensor:
+    """(states @ weight.T + bias) / temperature as a fresh fp32 [rows, V] tensor."""
+    logits = torch.nn.functional.linear(states, weight, bias).float()
+    return logits.div_(temperature) if temperature > 0 else logits
+
+
+def _plain_linear(head: torch.nn.Module) -> bool:
+    """An `nn.Linear` itself, no hooks: its forward is exactly `F.linear(x, weight, bias)`."""
+    return (
+        type(head) is torch.nn.Linear
+        and not head._forward_hooks
+        and not head._forward_pre_hooks
+        and not head._backward_hooks
+    )
 
 
 def _head_logprobs(

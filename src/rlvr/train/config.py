@@ -18,8 +18,10 @@ from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.update import LossFn
 
 LOGPROB_CHUNK_TOKENS = 1024
-"""Default `logprob_chunk_tokens`: 1024 x a 49,152-token vocabulary is 200 MB of fp32 logits
-per chunk; the lab's numbers move only at float rounding (`benchmarks/bench_memory.py`)."""
+"""The `logprob_chunk_tokens` to set for a real vocabulary: 1024 x 49,152 tokens is 200 MB of
+fp32 logits per chunk, and the head's forward + backward costs about a quarter more than with
+whole logits (its matmul recomputed); smaller chunks cost more per token on a CPU (each chunk
+rewrites the head's whole weight gradient). `benchmarks/bench_memory.py` measures it."""
 
 
 @dataclass(frozen=True)
@@ -130,13 +132,16 @@ class GRPOConfig:
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
     0: one pass over the whole batch with one worker; with several CPU workers,
     `WORKER_MICRO_BATCH_TOKENS` (small enough that a worker's activations stay in cache)."""
-    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    logprob_chunk_tokens: int = 0
     """The loss's log-probs run the output head, log-softmax and gather over this many
-    completion tokens at a time, each chunk recomputed in the backward pass instead of stored
-    (`rlvr.models.logprobs`): the [rows, tokens, vocab] logits are never held whole, only
-    chunk x vocab floats, for one more head matmul per token (`benchmarks/bench_memory.py`).
-    Padding tokens are skipped. 0: whole logits. Models that cannot be split into a decoder and
-    a head (`decoder_and_head`) always take whole logits."""
+    completion tokens at a time, each chunk's logits recomputed in the backward pass instead of
+    stored (`rlvr.models.logprobs`): the [rows, tokens, vocab] logits are never held whole,
+    only chunk x vocab floats, for one more head matmul per token; padding tokens are skipped.
+    0 (the default): whole logits, which a vocabulary of ~100 characters makes cheap; the
+    lab's results are pinned bit for bit, and chunking moves them at float rounding (its seeded
+    sampled accuracy 0.939 -> 0.932). For a real vocabulary set `LOGPROB_CHUNK_TOKENS` (1024;
+    `benchmarks/bench_memory.py`). Models that cannot be split into a decoder and a head
+    (`decoder_and_head`) always take whole logits."""
     gradient_checkpointing: bool = False
     """Recompute each transformer layer's activations in the backward pass instead of storing
     them (Hugging Face's activation checkpointing, non-reentrant): activation memory falls
