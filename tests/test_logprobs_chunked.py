@@ -253,3 +253,43 @@ def test_a_step_with_gradient_checkpointing_equals_one_without():
     assert on.metrics["loss"] == pytest.approx(off.metrics["loss"], abs=1e-6)
     for a, b in zip(off_grads, on_grads):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_the_learner_chunks_the_loss_and_the_reference_as_configured(monkeypatch):
+    """A step with logprob_chunk_tokens set runs the fused chunked head (in the loss and the
+    reference forward) and gives the whole-logits step's loss and gradients."""
+    import rlvr.models.logprobs as logprobs
+
+    calls = []
+    real_apply = logprobs.LinearLogprobs.apply
+
+    def counting_apply(*args):
+        calls.append(args[-1])  # the chunk size
+        return real_apply(*args)
+
+    monkeypatch.setattr(logprobs.LinearLogprobs, "apply", counting_apply)
+    tokenizer = build_char_tokenizer()
+    config = GRPOConfig(
+        prompts_per_step=2, group_size=3, max_new_tokens=8, cpu_workers=1, beta=0.1, lr=1e-3
+    )
+
+    def reward(prompts, completions, **_):
+        return [len(c) % 3 / 2 for c in completions]
+
+    results = []
+    for chunk in (0, 3):
+        policy = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2), tokenizer, 0)
+        problems = train_problems(ArithmeticTaskConfig(digits=2), seed=0)
+        rows = ({"prompt": p.prompt, "answer": p.answer} for p in problems)
+        replaced = dataclasses.replace(config, logprob_chunk_tokens=chunk)
+        t = build_trainer(policy, tokenizer, rows, [reward], replaced, seed=0)
+        calls.clear()
+        result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
+        results.append((result.metrics["loss"], [p.detach().clone() for p in policy.parameters()]))
+        assert (calls and set(calls) == {3}) if chunk else not calls
+        if chunk:
+            assert len(calls) >= 2  # the reference forward and the loss's
+    (loss0, params0), (loss3, params3) = results
+    assert loss3 == pytest.approx(loss0, abs=1e-6)
+    for a, b in zip(params0, params3):  # after one AdamW step of lr 1e-3 (~1e-3 per weight)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

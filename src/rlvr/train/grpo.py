@@ -215,10 +215,11 @@ def train_grpo(
     """Run `config.steps` steps, logging to `run`; returns the metric records.
 
     `evaluate(model)` returns held-out metrics (logged under `eval/`), called before the first
-    step (unless the caller passes that evaluation as `initial_eval`), on the schedule of `is_eval_step`, and after the last. `strict_reward_fn` (TRL
-    signature) is the hacking monitor's verifier: every `monitor_every` steps it re-scores a
-    sample of the step's completions, and a training reward above it by more than
-    `monitor_gap` is logged (`monitor/*`) and warned about.
+    step (unless the caller passes that evaluation as `initial_eval`), on the schedule of
+    `is_eval_step`, and after the last. `strict_reward_fn` (TRL signature) is the hacking
+    monitor's verifier: every `monitor_every` steps it re-scores a sample of the step's
+    completions, and a training reward above it by more than `monitor_gap` is logged
+    (`monitor/*`) and warned about.
 
     Checkpoints go to `run.path/checkpoints` every `checkpoint_every` steps, at the end, and
     when SIGINT/SIGTERM asks the run to stop (the current step finishes first). With `resume`,

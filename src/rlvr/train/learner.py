@@ -62,9 +62,11 @@ class Learner:
 
         A LoRA policy's reference is the policy itself with its adapters disabled, in eval mode
         (as a frozen copy would be); its train/eval mode is restored after."""
-        temperature = self.plan.sampling.temperature
+        temperature, chunk = self.plan.sampling.temperature, self.plan.logprob_chunk_tokens
         if self.state.reference is not None:
-            return completion_logprobs(self.state.reference, *batch.model_inputs(), temperature)
+            return completion_logprobs(
+                self.state.reference, *batch.model_inputs(), temperature, chunk_tokens=chunk
+            )
         if not self.state.reference_is_base:
             return None
         policy = self.state.policy
@@ -72,7 +74,9 @@ class Learner:
         try:
             with adapters_disabled(policy):
                 policy.eval()
-                return completion_logprobs(policy, *batch.model_inputs(), temperature)
+                return completion_logprobs(
+                    policy, *batch.model_inputs(), temperature, chunk_tokens=chunk
+                )
         finally:
             policy.train(was_training)
 
@@ -111,6 +115,7 @@ class Learner:
             plan.loss_fn,
             plan.sampling.temperature,  # the loss scores the distribution sampled from
             plan.workers,
+            logprob_chunk_tokens=plan.logprob_chunk_tokens,
         )
         timer.add("forward", result.forward_s)
         timer.add("backward", result.backward_s)
