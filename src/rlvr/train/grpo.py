@@ -257,7 +257,7 @@ def train_grpo(
                 t.state.scheduler.step()
             t.learner.sync_reference(step)
             out_of_time = 0 < config.max_seconds <= time.perf_counter() - start
-            record = {"step": step, **result.metrics}
+            record = {"step": step, **result.metrics, **device_memory(model)}
             record |= monitor(step, result.batch, result.rewards)
             if out_of_time or is_eval_step(step, config.eval_every, config.steps):
                 record |= {f"eval/{k}": v for k, v in evaluate(model).items()}
@@ -356,6 +356,15 @@ class StopRequest:
                 file=sys.stderr,
             )
             raise KeyboardInterrupt
+
+
+def device_memory(model: torch.nn.Module) -> dict[str, float]:
+    """`memory/peak_gpu_gb`: the peak CUDA memory allocated so far (GiB) when `model` is on a
+    GPU; nothing on the CPU (peak RSS is a process figure: see the benchmarks)."""
+    device = next(model.parameters()).device
+    if device.type != "cuda":
+        return {}
+    return {"memory/peak_gpu_gb": torch.cuda.max_memory_allocated(device) / 2**30}
 
 
 def is_eval_step(step: int, every: int, last: int) -> bool:
