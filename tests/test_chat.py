@@ -138,3 +138,42 @@ def test_few_shot_without_a_chat_template_warns_that_it_is_unused(tmp_path, caps
     runs = ["--runs-dir", str(tmp_path / "runs"), "--run-name", "fs", "--cache-dir", str(tmp_path)]
     main(["train", *TINY, *runs, "--few-shot", "2", "--grpo.steps", "1"])
     assert "--few-shot 2 needs a chat template" in capsys.readouterr().err
+
+
+def test_eval_puts_few_shot_turns_in_front_of_the_prompts_as_train_does(tmp_path, monkeypatch):
+    import rlvr.train.evaluate as evaluate_module
+
+    tok = bpe_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model_dir = tmp_path / "model"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    seen = []
+
+    def fake_accuracy(model, tokenizer, rows, *args, **kwargs):
+        seen.extend(r["prompt"] for r in rows)
+        return 0.0
+
+    monkeypatch.setattr(evaluate_module, "held_out_accuracy", fake_accuracy)
+    task = ["--arithmetic.digits", "2", "--arithmetic.style", "question"]
+    main(["eval", "--model", str(model_dir), *task, "--arithmetic.held-out-size", "4"])
+    main(
+        ["eval", "--model", str(model_dir), *task, "--arithmetic.held-out-size", "4"]
+        + [
+            "--few-shot",
+            "2",
+        ]
+    )
+    plain, few = seen[:4], seen[4:]
+    assert all(p.count("<|start|>user") == 1 for p in plain)
+    assert all(p.count("<|start|>user") == 3 and "#### " in p for p in few)

@@ -50,6 +50,9 @@ class EvalConfig:
     `rlvr train` does)."""
     system_prompt: str | None = None
     """A system message in front of every templated prompt."""
+    few_shot: int = 0
+    """With a chat template: this many worked examples as earlier turns (as `rlvr train
+    --few-shot`; the same examples, so a trained model is evaluated as it was trained)."""
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
     mode: str = "default"
@@ -224,6 +227,7 @@ def evaluate(config: EvalConfig) -> None:
 def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
     """`rlvr eval` once the model is loaded."""
     from rlvr.models.chat import format_rows
+    from rlvr.pipelines.common import few_shot_examples
     from rlvr.train.evaluate import held_out_accuracy
 
     rows = task.held_out_rows()
@@ -234,7 +238,8 @@ def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
     if config.thinking_budget is not None:
         _thinking_budget(config, model, tokenizer, rows, task)
         return
-    rows = format_rows(tokenizer, rows, config.chat_template, config.system_prompt)
+    examples = few_shot_examples(task, config.few_shot)
+    rows = format_rows(tokenizer, rows, config.chat_template, config.system_prompt, examples)
     accuracy = held_out_accuracy(
         model,
         tokenizer,
