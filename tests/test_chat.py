@@ -43,6 +43,28 @@ def bpe_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def templated_model_dir(tmp_path) -> str:
+    """A 1-layer Llama saved with `bpe_tokenizer()` (template and BOS-adding post-processor)."""
+    tok = bpe_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model_dir = tmp_path / "model"
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return str(model_dir)
+
+
 def test_the_templated_prompt_carries_exactly_one_bos():
     tok = bpe_tokenizer()
     assert adds_bos(tok)
@@ -76,25 +98,9 @@ def test_format_rows_keeps_columns_and_the_kind_of_collection():
 
 
 def test_train_on_a_templated_model_records_the_prompts_it_saw(tmp_path, capsys):
-    tok = bpe_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model_dir = tmp_path / "model"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = templated_model_dir(tmp_path)
     runs = tmp_path / "runs"
-    args = ["--model", str(model_dir), "--runs-dir", str(runs), "--run-name", "chat"]
+    args = ["--model", model_dir, "--runs-dir", str(runs), "--run-name", "chat"]
     small = ["--arithmetic.digits", "2", "--arithmetic.held-out-size", "4", "--eval-samples", "1"]
     grpo = ["--grpo.steps", "1", "--grpo.prompts-per-step", "2", "--grpo.group-size", "2"]
     main(["train", *args, *small, *grpo, "--grpo.max-new-tokens", "32", "--no-progress"])
@@ -143,21 +149,7 @@ def test_few_shot_without_a_chat_template_warns_that_it_is_unused(tmp_path, caps
 def test_eval_puts_few_shot_turns_in_front_of_the_prompts_as_train_does(tmp_path, monkeypatch):
     import rlvr.train.evaluate as evaluate_module
 
-    tok = bpe_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    model_dir = tmp_path / "model"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = templated_model_dir(tmp_path)
     seen = []
 
     def fake_accuracy(model, tokenizer, rows, *args, **kwargs):
@@ -166,7 +158,7 @@ def test_eval_puts_few_shot_turns_in_front_of_the_prompts_as_train_does(tmp_path
 
     monkeypatch.setattr(evaluate_module, "held_out_accuracy", fake_accuracy)
     task = ["--arithmetic.digits", "2", "--arithmetic.style", "question"]
-    main(["eval", "--model", str(model_dir), *task, "--arithmetic.held-out-size", "4"])
+    main(["eval", "--model", model_dir, *task, "--arithmetic.held-out-size", "4"])
     main(
         ["eval", "--model", str(model_dir), *task, "--arithmetic.held-out-size", "4"]
         + [
