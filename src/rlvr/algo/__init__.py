@@ -40,6 +40,11 @@ from rlvr.algo.reductions import (
     masked_sum,
     masked_whiten,
 )
+from rlvr.algo.rollout_correction import (
+    ROLLOUT_CORRECTIONS,
+    importance_ratios,
+    mismatch_metrics,
+)
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -48,6 +53,7 @@ __all__ = [
     "KL_ESTIMATORS",
     "RATIO_LEVELS",
     "REWARD_SCALES",
+    "ROLLOUT_CORRECTIONS",
     "advantages_dr_grpo",
     "advantages_grpo",
     "advantages_reinforce_pp",
@@ -59,6 +65,7 @@ __all__ = [
     "discounted_returns",
     "dynamic_sampling_keep",
     "gae_advantages",
+    "importance_ratios",
     "kl_in_reward",
     "kl_k1",
     "kl_k2",
@@ -66,6 +73,7 @@ __all__ = [
     "masked_mean",
     "masked_sum",
     "masked_whiten",
+    "mismatch_metrics",
     "outcome_to_token_rewards",
     "overlong_penalty",
     "policy_loss",
