@@ -96,9 +96,9 @@ AIM = {"throughput": 1.5, "memory": 0.7}  # the issue's aim for rlvr / TRL at 13
 
 def default_model_dir() -> Path:
     """Where `rlvr models prepare smollm2-135m-instruct` puts the checkpoint."""
-    from rlvr.pipelines.base_model import cache_root
+    from rlvr.pipelines.base_model import prepared_model_dir
 
-    return cache_root(None) / "models" / MODEL
+    return prepared_model_dir(MODEL)
 
 
 # --------------------------------------------------------------------------------------------

@@ -124,9 +124,9 @@ def main() -> None:
 
 def _prepared_model() -> str | None:
     """The prepared SmolLM2 directory when `rlvr models prepare` has made it, else None."""
-    from rlvr.pipelines.base_model import cache_root
+    from rlvr.pipelines.base_model import prepared_model_dir
 
-    path = cache_root(None) / "models" / "smollm2-135m-instruct"
+    path = prepared_model_dir("smollm2-135m-instruct")
     return str(path) if (path / "config.json").is_file() else None
 
 

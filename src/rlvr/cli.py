@@ -134,13 +134,13 @@ def models(config: ModelsConfig) -> None:
     """`rlvr models`: list the packaged models, or convert one (its directory is printed as
     the last line, for `rlvr train --model "$(rlvr models prepare NAME | tail -n 1)"`)."""
     from rlvr.models.gguf import PACKAGED, convert_gguf, prepare
-    from rlvr.pipelines.base_model import cache_root
+    from rlvr.pipelines.base_model import prepared_model_dir
 
     if config.action == "list" and not config.args:
         for name, model in PACKAGED.items():
             print(f"{name}: {model.description}; needs {model.install}")
     elif config.action == "prepare" and len(config.args) == 1:
-        models_dir = cache_root(config.cache_dir) / "models"
+        models_dir = prepared_model_dir(config.args[0], config.cache_dir).parent
         print(prepare(config.args[0], models_dir, progress=config.progress))
     elif config.action == "convert-gguf" and len(config.args) == 2:
         print(convert_gguf(*config.args, progress=config.progress))

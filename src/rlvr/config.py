@@ -24,6 +24,7 @@ import dataclasses
 import difflib
 import functools
 import os
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,11 @@ _BOOL_TEXT = {"true": True, "yes": True, "1": True, "false": False, "no": False,
 
 class UserError(Exception):
     """A mistake in the user's input: the CLI prints its message on one line and exits 2."""
+
+
+def warn(message: str) -> None:
+    """A user-facing warning: one `[rlvr] warning:` line on stderr."""
+    print(f"[rlvr] warning: {message}", file=sys.stderr, flush=True)
 
 
 class RunExistsError(UserError, FileExistsError):

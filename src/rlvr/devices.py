@@ -13,13 +13,12 @@ for explicitly there, it warns and falls back). One switch, one place: `Precisio
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-from rlvr.config import UserError
+from rlvr.config import UserError, warn
 
 DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
 DTYPE_CHOICES = ("auto", "float32", "bfloat16")
@@ -46,11 +45,16 @@ class Precision:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.dtype)
 
+    @property
+    def dtype_name(self) -> str:
+        """ "float32" or "bfloat16": the `--dtype` value that resolves to this precision."""
+        return str(self.dtype).removeprefix("torch.")
+
     def describe(self) -> str:
         """e.g. "cuda:0, bfloat16 autocast (float32 weights)" or "cpu, float32"."""
         if self.dtype == torch.float32:
             return f"{self.device}, float32"
-        return f"{self.device}, {str(self.dtype).removeprefix('torch.')} autocast (float32 weights)"
+        return f"{self.device}, {self.dtype_name} autocast (float32 weights)"
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -91,12 +95,12 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
         if torch.cuda.is_bf16_supported():
             return torch.bfloat16
         if spec == "bfloat16":
-            _warn(f"--dtype bfloat16: {device} has no bf16 support; running in float32")
+            warn(f"--dtype bfloat16: {device} has no bf16 support; running in float32")
         return torch.float32
     if spec == "bfloat16":
         if cpu_has_bf16():
             return torch.bfloat16
-        _warn("--dtype bfloat16: this CPU has no native bf16 (AVX512-BF16/AMX); running in float32")
+        warn("--dtype bfloat16: this CPU has no native bf16 (AVX512-BF16/AMX); running in float32")
     return torch.float32
 
 
@@ -132,7 +136,3 @@ def on_device(precision: Precision) -> Iterator[None]:
     else:
         with precision.autocast():
             yield
-
-
-def _warn(message: str) -> None:
-    print(f"[rlvr] warning: {message}", file=sys.stderr, flush=True)

@@ -49,6 +49,11 @@ def cache_root(cache_dir: str | None) -> Path:
     return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr"))
 
 
+def prepared_model_dir(name: str, cache_dir: str | None = None) -> Path:
+    """Where `rlvr models prepare NAME` keeps the converted checkpoint (present or not)."""
+    return cache_root(cache_dir) / "models" / name
+
+
 def resolved_hedge_prob(hedge_prob: float | None, verifier: str) -> float:
     """`BaseConfig.hedge_prob` as a number: None is 0.1 when training on the weak verifier
     (so there is something to game), else 0."""

@@ -23,7 +23,7 @@ import torch
 import tyro
 import yaml
 
-from rlvr.config import ConfigError, UserError, apply_overrides, from_dict, to_dict
+from rlvr.config import ConfigError, UserError, apply_overrides, from_dict, to_dict, warn
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, has_chat_template
 from rlvr.models.lora import LoRAConfig
@@ -53,6 +53,7 @@ from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import train_grpo
 from rlvr.train.recipes import apply_recipe, recipe_config
+from rlvr.train.reference import check_reference_sync
 
 
 @dataclass(frozen=True)
@@ -172,11 +173,11 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
         training_reward(config.verifier, task)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if config.lora.enabled and config.grpo.beta > 0 and config.grpo.ref_sync_every > 0:
-        raise ConfigError(
-            "--lora.rank with --grpo.beta > 0: the reference is the frozen base (adapters off), "
-            "which cannot be synced; set --grpo.ref-sync-every 0"
-        )
+    try:  # with LoRA and beta > 0 the reference is the frozen base: the learner's own rule
+        base_reference = config.lora.enabled and config.grpo.beta > 0
+        check_reference_sync(base_reference, config.grpo.ref_sync_every)
+    except ValueError as exc:
+        raise ConfigError(f"--lora.rank {config.lora.rank}: {exc}") from exc
     assert config.grpo.max_new_tokens is not None  # filled by _resolve
     if config.grpo.max_new_tokens < task.min_new_tokens:
         raise ConfigError(
@@ -310,7 +311,7 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
     # --- evaluation on the held-out split -------------------------------------------------
     examples = few_shot_examples(task, config.few_shot)
     if examples and not has_chat_template(tokenizer, config.chat_template):
-        _warn(
+        warn(
             f"--few-shot {config.few_shot} needs a chat template, which {base_dir} lacks "
             "(or --no-chat-template is set): the examples are not used"
         )
@@ -436,10 +437,6 @@ def _plot_title(describe: str, base: dict, final: dict) -> str:
 def _median(values: list[float]) -> float | None:
     """The upper median of `values` (None when there are none)."""
     return sorted(values)[len(values) // 2] if values else None
-
-
-def _warn(message: str) -> None:
-    print(f"[rlvr] warning: {message}", file=sys.stderr, flush=True)
 
 
 def _say(config: LabConfig, message: str) -> None:

@@ -189,7 +189,7 @@ def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[st
         progress=ctx.progress,
         overwrite=True,
         device=str(ctx.precision.device),
-        dtype=str(ctx.precision.dtype).removeprefix("torch."),
+        dtype=ctx.precision.dtype_name,
     )
     model_dir = run_sft(config, run_dir=stage_dir / "sft")
     return {"model": str(model_dir), "data": str(data)}

@@ -23,7 +23,7 @@ def check_reference_sync(reference_is_base: bool, every: int) -> None:
         raise ValueError(
             f"ref_sync_every={every} cannot be used with LoRA: the reference is the policy's "
             "frozen base model (adapters disabled), which cannot be moved toward the policy; "
-            "set ref_sync_every=0 or train without LoRA"
+            "set ref_sync_every=0 (--grpo.ref-sync-every 0) or train without LoRA"
         )
 
 
