@@ -18,6 +18,17 @@ from typing import TypeVar
 
 import torch
 
+
+class WorkerError(RuntimeError):
+    """A worker in another process (a rollout actor, a torch.distributed rank) died or stopped
+    answering within its timeout. `worker` names it; the training loop adds the last checkpoint
+    and the `--resume` command to the message, so a lost worker never hangs a run silently."""
+
+    def __init__(self, worker: str, problem: str) -> None:
+        super().__init__(f"{worker}: {problem}")
+        self.worker, self.problem = worker, problem
+
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
