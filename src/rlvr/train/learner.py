@@ -81,6 +81,19 @@ class Learner:
             policy.train(was_training)
 
     @torch.no_grad()
+    def policy_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
+        """[N, T] log-probs of the sampled tokens under the policy as the update starts
+        (pi_old), in training mode as the loss's forward pass runs: the denominator of the
+        rollout correction's importance ratio against the engine's behaviour log-probs."""
+        self.state.policy.train()
+        return completion_logprobs(
+            self.state.policy,
+            *batch.model_inputs(),
+            self.plan.sampling.temperature,
+            chunk_tokens=self.plan.logprob_chunk_tokens,
+        )
+
+    @torch.no_grad()
     def values(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[N, T] the critic's values of the sampled tokens; None without a critic."""
         if self.state.critic is None:
