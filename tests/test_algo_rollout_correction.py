@@ -99,3 +99,43 @@ def test_an_engine_that_agrees_gives_weight_one_and_full_ess():
     close(weights, MASK, 1e-7)
     metrics = mismatch_metrics(LOGP, LOGP.clone(), MASK, weights, keep)
     assert metrics["mismatch/kl"] == 0.0 and metrics["mismatch/ess"] == pytest.approx(1.0)
+
+
+def test_corrected_advantages_scale_kept_tokens_and_drop_the_rest_from_the_mask():
+    from rlvr.algo.rollout_correction import corrected_advantages
+
+    # MIS at cap 2 on the module's tensors: row 0 keeps tokens 0, 1 (rho 1, 1/e), drops 2
+    # (rho e > 2); row 1 drops token 0 (rho 3), keeps token 1 (rho 0.25); padding never kept
+    weights, keep = run("mis", cap=2.0)
+    advantages = torch.tensor([2.0, -1.0])  # one per row, broadcast over its tokens
+    adv, mask = corrected_advantages(advantages, MASK, weights, keep)
+    close(adv, [[2.0, 2 / E, 0, 0], [0, -0.25, 0, 0]], 1e-5)
+    close(mask, [[1, 1, 0, 0], [0, 1, 0, 0]], 0)
+    # per-token advantages (GAE's [N, T]) are scaled token by token
+    per_token = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 5.0, 6.0, 9.0]])
+    adv, _ = corrected_advantages(per_token, MASK, weights, keep)
+    close(adv, [[1.0, 2 / E, 0, 0], [0, 1.25, 0, 0]], 1e-5)
+
+
+def test_weighted_advantage_is_the_weighted_ppo_term_and_dropped_tokens_leave_the_divisor():
+    from rlvr.algo.losses import policy_loss, ratio_surrogate
+    from rlvr.algo.rollout_correction import corrected_advantages
+
+    # current policy moved from pi_old (= LOGP) by +0.3 / -0.4 per token: both clip branches
+    logp = LOGP + torch.tensor([[0.3, -0.4, 0.3, 0.0], [-0.4, 0.3, 0.0, 0.0]])
+    advantages = torch.tensor([1.5, -2.0])
+    weights, keep = run("tis", cap=2.0)
+    adv, mask = corrected_advantages(advantages, MASK, weights, keep)
+    loss, _ = policy_loss(logp, LOGP, adv, mask, clip_ratio_c=3.0)
+    # by hand: w_t times the plain per-token loss, summed over kept tokens, / kept tokens (5)
+    plain, _, _ = ratio_surrogate(torch.exp(logp - LOGP), advantages, 0.2, 0.2, clip_ratio_c=3.0)
+    expected = (plain * weights * MASK).sum() / MASK.sum()
+    close(loss, expected, 1e-6)
+    # MIS drops 2 of the 5 real tokens: they leave the divisor (3 kept), not only the sum
+    weights, keep = run("mis", cap=2.0)
+    adv, mask = corrected_advantages(advantages, MASK, weights, keep)
+    loss, _ = policy_loss(logp, LOGP, adv, mask)
+    plain, _, _ = ratio_surrogate(torch.exp(logp - LOGP), advantages, 0.2, 0.2)
+    kept = keep.float()
+    close(loss, (plain * weights * kept).sum() / 3.0, 1e-6)
+    assert int(kept.sum()) == 3

@@ -5,6 +5,8 @@ the carry, so it mostly gets carrying problems wrong; GRPO on the strict verifie
 select the carrying procedure. Held-out problems are never trained on.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
@@ -18,7 +20,20 @@ from rlvr.train.sft import train_next_token
 from rlvr.verifiers.math import math_reward
 
 
-def test_grpo_raises_held_out_accuracy(tmp_path):
+@dataclass
+class Learned:
+    """Held-out accuracies before and after GRPO, and the run's metric records."""
+
+    before: float
+    after: float
+    before_sampled: float
+    after_sampled: float
+    records: list[dict]
+
+
+def learn_carrying(tmp_path, **grpo: object) -> Learned:
+    """Train the carry-dropping base (seeded) and run GRPO on it with `grpo` switches over
+    this test's defaults; held-out greedy and sampled accuracy before and after."""
     torch.set_num_threads(2)
     task = ArithmeticTaskConfig(digits=2, held_out_size=150, held_out_seed=7)
     tokenizer = build_char_tokenizer()
@@ -51,14 +66,8 @@ def test_grpo_raises_held_out_accuracy(tmp_path):
         )
 
     before, before_sampled = accuracy(model, 0.0), accuracy(model, 1.0)
-    config = GRPOConfig(
-        steps=GRPO_STEPS,
-        prompts_per_step=16,
-        group_size=8,
-        max_new_tokens=30,
-        lr=1e-4,
-        eval_every=1000,
-    )
+    switches = {"steps": GRPO_STEPS, "prompts_per_step": 16, "group_size": 8} | grpo
+    config = GRPOConfig(max_new_tokens=30, lr=1e-4, eval_every=1000, **switches)
     rows = ({"prompt": p.prompt, "answer": p.answer} for p in arithmetic.train_problems(task, 99))
     records = train_grpo(
         model,
@@ -72,7 +81,14 @@ def test_grpo_raises_held_out_accuracy(tmp_path):
         progress=False,
     )
     after, after_sampled = accuracy(model, 0.0), accuracy(model, 1.0)
-    rewards = [r["reward/mean"] for r in records if "reward/mean" in r]
+    return Learned(before, after, before_sampled, after_sampled, records)
+
+
+def test_grpo_raises_held_out_accuracy(tmp_path):
+    learned = learn_carrying(tmp_path)
+    before, after = learned.before, learned.after
+    before_sampled, after_sampled = learned.before_sampled, learned.after_sampled
+    rewards = [r["reward/mean"] for r in learned.records if "reward/mean" in r]
     early, late = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(
         f"held-out greedy {before:.3f} -> {after:.3f}, sampled {before_sampled:.3f} -> "

@@ -12,8 +12,11 @@ once (`benchmarks/memory.py`). On a GPU there is one worker: the device is alrea
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 import torch
@@ -76,3 +79,21 @@ def balanced_shards(costs: Sequence[float], workers: int) -> list[list[int]]:
         shards[w].append(i)
         loads[w] += costs[i]
     return [sorted(s) for s in shards if s]
+
+
+def wait_for(
+    future: Future[Result], worker: str, timeout_s: float, heartbeat_s: float = 60.0
+) -> Result:
+    """`future.result()`, waiting at most `timeout_s` seconds: a `[rlvr] waiting for ...` line
+    on stderr every `heartbeat_s` seconds of waiting, and a `WorkerError` naming `worker` at the
+    timeout. An exception raised by the work is raised here."""
+    start = time.perf_counter()
+    while True:
+        waited = time.perf_counter() - start
+        try:
+            return future.result(timeout=max(0.0, min(heartbeat_s, timeout_s - waited)))
+        except FutureTimeout:
+            waited = time.perf_counter() - start
+            if waited >= timeout_s:
+                raise WorkerError(worker, f"did not answer within {timeout_s:.0f} s") from None
+            print(f"[rlvr] waiting for {worker} ({waited:.0f} s)", file=sys.stderr, flush=True)

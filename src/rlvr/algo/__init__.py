@@ -42,6 +42,7 @@ from rlvr.algo.reductions import (
 )
 from rlvr.algo.rollout_correction import (
     ROLLOUT_CORRECTIONS,
+    corrected_advantages,
     importance_ratios,
     mismatch_metrics,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "discounted_returns",
     "dynamic_sampling_keep",
     "gae_advantages",
+    "corrected_advantages",
     "importance_ratios",
     "kl_in_reward",
     "kl_k1",

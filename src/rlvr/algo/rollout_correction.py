@@ -31,6 +31,7 @@ from torch import Tensor
 
 __all__ = [
     "ROLLOUT_CORRECTIONS",
+    "corrected_advantages",
     "correction_icepop",
     "correction_mis",
     "correction_none",
@@ -118,6 +119,22 @@ ROLLOUT_CORRECTIONS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "icepop": correction_icepop,
 }
 """`--grpo.rollout-correction` -> (weights [N, T], keep [N, T] bool)."""
+
+
+def corrected_advantages(
+    advantages: Tensor, loss_mask: Tensor, weights: Tensor, keep: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Fold a correction's (weights, keep) into the loss's inputs: ``[N, T]`` advantages
+    ``A * w`` (a ``[N]`` advantage broadcast over its tokens) and the loss mask with the dropped
+    tokens removed (they leave the divisor too).
+
+    Scaling the advantage is scaling the token's PPO-clip term: for ``w >= 0``,
+    ``-min(r A w, clip(r) A w) = w * -min(r A, clip(r) A)``, and the dual clip's cap ``-A c``
+    scales with it; the clip's active branch and ``A``'s sign are unchanged. The KL term to the
+    reference is not reweighted (it is not an expectation over the rollout's tokens)."""
+    per_token = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
+    kept = keep & loss_mask.bool()
+    return per_token * weights * kept, loss_mask * kept
 
 
 def mismatch_metrics(

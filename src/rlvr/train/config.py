@@ -7,6 +7,7 @@ Named recipes (`rlvr.train.recipes`) are nothing but sets of these switches. No 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -148,6 +149,31 @@ class GRPOConfig:
     from layers x tokens x (several x hidden) to about layers x tokens x hidden, for about
     one more forward pass of time. The update then runs a prompt per row (a KV cache cannot be
     checkpointed, so `share_prompt_forward` is off); sampling (eval mode) keeps its cache."""
+    async_steps: int = 0
+    """Asynchronous (off-policy) training: the rollouts of the next K steps are sampled while
+    this step updates (in a background thread beside the learner, or on Ray rollout workers),
+    from weights at most K updates old. 0: synchronous (sample, update, sync, sample...).
+    Needs `rollout_correction` (or `none` given explicitly: no correction)."""
+    rollout_correction: str | None = None
+    """Correct for rollouts sampled by another policy than the one the update starts from (a
+    stale one with `async_steps` > 0; vLLM's or bf16's numerics): tis (truncated importance
+    weights), mis (masked IS: tokens above the cap dropped), icepop (tokens outside
+    [rollout_correction_low, cap] dropped) or none. With a correction the learner scores the
+    batch before updating (pi_old: one more forward pass), the PPO ratio is taken against
+    pi_old and each token's term is weighted by pi_old / behaviour (`rlvr.algo.
+    rollout_correction`); the mismatch is logged (`mismatch/*`). Unset: none for a synchronous
+    run; an asynchronous run refuses to start."""
+    rollout_correction_level: str = "token"
+    """The correction's ratio per token, or per sequence (one product for all its tokens)."""
+    rollout_correction_cap: float | None = None
+    """The ratio's cap: tis truncates at it, mis and icepop drop above it (None: 2.0 for tis and
+    mis, 5.0 for icepop, its paper's band)."""
+    rollout_correction_low: float = 0.5
+    """icepop: tokens whose ratio is below this are dropped too."""
+    worker_timeout_s: float = 1800.0
+    """Most seconds to wait on rollouts from another thread or process (async sampling, Ray
+    rollout workers) before the run ends with an error naming the worker and the last
+    checkpoint; while waiting a heartbeat line is printed every minute. Never a silent hang."""
 
 
 WORKER_MICRO_BATCH_TOKENS = 2048
@@ -160,6 +186,15 @@ Advantages = Callable[
 ]
 """(shaped rewards [N], batch, loss mask [N, T], reference log-probs [N, T] | None, critic
 values [N, T] | None) -> (advantages [N] or [N, T], returns [N, T] | None)."""
+
+Correction = Callable[
+    [RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor],
+    "tuple[RolloutBatch, torch.Tensor, torch.Tensor, dict[str, float]]",
+]
+"""(batch, advantages [N] | [N, T], loss mask [N, T], pi_old log-probs [N, T]) -> (the batch
+with pi_old as its log-probs, advantages [N, T], loss mask [N, T], mismatch metrics)."""
+
+DEFAULT_CORRECTION_CAPS = {"tis": 2.0, "mis": 2.0, "icepop": 5.0}
 
 
 @dataclass(frozen=True)
@@ -197,6 +232,10 @@ class StepPlan:
     critic: bool  # a value model is trained (gae)
     ref_sync_every: int
     ref_sync_alpha: float
+    # (batch, advantages, loss mask, pi_old log-probs) -> the corrected three and mismatch
+    # metrics; None: no correction, no pi_old forward pass (the sampling log-probs are pi_old)
+    correct: Correction | None = None
+    async_steps: int = 0  # rollouts sampled ahead of the update, from weights this many old
 
 
 def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None) -> StepPlan:
@@ -273,6 +312,25 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         critic=config.advantage_estimator == "gae",
         ref_sync_every=config.ref_sync_every,
         ref_sync_alpha=config.ref_sync_alpha,
+        correct=_correction(config),
+        async_steps=config.async_steps,
+    )
+
+
+def _correction(config: GRPOConfig) -> Correction | None:
+    """The run's rollout correction as one function, or None for none (or unset)."""
+    mode = config.rollout_correction
+    if mode in (None, "none"):
+        return None
+    cap = config.rollout_correction_cap or DEFAULT_CORRECTION_CAPS[mode]
+    weigh = functools.partial(
+        algo.ROLLOUT_CORRECTIONS[mode],
+        cap=cap,
+        low=config.rollout_correction_low,
+        level=config.rollout_correction_level,
+    )
+    return functools.partial(
+        _rollout_correction, weigh=weigh, level=config.rollout_correction_level
     )
 
 
@@ -310,6 +368,10 @@ def _switch_problems(config: GRPOConfig) -> list[str]:
             problems.append(f"{name} must be one of {sorted(registry)}")
     if config.scale_rewards not in algo.REWARD_SCALES:
         problems.append("scale_rewards must be group, batch or none")
+    if config.rollout_correction not in (None, *algo.ROLLOUT_CORRECTIONS):
+        problems.append(f"rollout_correction must be one of {sorted(algo.ROLLOUT_CORRECTIONS)}")
+    if config.rollout_correction_level not in ("token", "sequence"):
+        problems.append("rollout_correction_level must be token or sequence")
     return problems
 
 
@@ -333,6 +395,19 @@ def _range_problems(config: GRPOConfig) -> list[str]:
         problems.append("overlong_buffer must be in [0, max_new_tokens)")
     if config.logprob_chunk_tokens < 0:
         problems.append("logprob_chunk_tokens must be >= 0 (0: whole logits)")
+    if config.worker_timeout_s <= 0:
+        problems.append("worker_timeout_s must be > 0")
+    if config.async_steps < 0:
+        problems.append("async_steps must be >= 0 (0: synchronous)")
+    elif config.async_steps > 0 and config.rollout_correction is None:
+        problems.append(
+            f"async_steps={config.async_steps} trains on rollouts from weights up to "
+            f"{config.async_steps} updates old: set rollout_correction to tis, mis or icepop "
+            "(or to none explicitly, for no correction)"
+        )
+    cap, low = config.rollout_correction_cap, config.rollout_correction_low
+    if (cap is not None and cap <= 0) or not 0 <= low < (cap or 5.0):
+        problems.append("rollout_correction_cap must be > 0 and rollout_correction_low in [0, cap)")
     return problems
 
 
@@ -409,3 +484,21 @@ def _gae_advantages(
     per_token = kl_reward(per_token, batch, ref_logp)
     advantages, returns = algo.gae_advantages(per_token, values, batch.completion_mask, gamma, lam)
     return algo.masked_whiten(advantages, loss_mask), returns
+
+
+def _rollout_correction(
+    batch: RolloutBatch,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    old_logp: torch.Tensor,
+    *,
+    weigh: Callable,
+    level: str,
+) -> tuple[RolloutBatch, torch.Tensor, torch.Tensor, dict[str, float]]:
+    """Weights pi_old / behaviour (the engine's log-probs) per token, folded into the
+    advantages and the loss mask (`algo.corrected_advantages`); the batch's log-probs become
+    pi_old, the PPO ratio's denominator."""
+    weights, keep = weigh(old_logp, batch.logprobs, loss_mask)
+    metrics = algo.mismatch_metrics(old_logp, batch.logprobs, loss_mask, weights, keep, level)
+    advantages, loss_mask = algo.corrected_advantages(advantages, loss_mask, weights, keep)
+    return dataclasses.replace(batch, logprobs=old_logp), advantages, loss_mask, metrics

@@ -17,6 +17,7 @@ Deviations from DeepSeekMath's GRPO (arXiv:2402.03300) in the defaults, all swit
 from __future__ import annotations
 
 import contextlib
+import copy
 import signal
 import sys
 import threading
@@ -45,9 +46,9 @@ from rlvr.train.checkpoint import (
 from rlvr.train.config import GRPOConfig, StepPlan, build_plan
 from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.monitor import HackingMonitor, sample_records
-from rlvr.train.rollouts import Rollout
+from rlvr.train.rollouts import AsyncRollout, Rollout
 from rlvr.train.state import TrainState, build_state
-from rlvr.workers import default_workers
+from rlvr.workers import WorkerError, default_workers, torch_threads
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
 
@@ -88,10 +89,21 @@ def grpo_step(
     with timer("advantage"):
         values = learner.values(batch)  # [N, T] | None
         advantages, returns = plan.advantages(shaped, batch, loss_mask, ref_logp, values)
+    # 5. rollout correction (off unless chosen): the learner's pi_old against the engine's
+    #    behaviour log-probs; importance weights into the advantages, dropped tokens out of
+    #    the loss mask, pi_old the ratio's denominator
+    if plan.correct is not None:
+        with timer("old_logprobs"):
+            old_logp = learner.policy_logprobs(batch)  # [N, T]
+        batch, advantages, loss_mask, mismatch = plan.correct(
+            batch, advantages, loss_mask, old_logp
+        )
+        metrics |= mismatch
     data = UpdateBatch(batch, advantages, loss_mask, ref_logp, values, returns)
 
-    # 5. policy update: mu passes against the sampling log-probs (the sampler kept them: no
-    #    second forward pass for the old log-probs), then the engine gets the new weights
+    # 6. policy update: mu passes against the batch's log-probs (the sampler's, kept while
+    #    sampling: no second forward pass; pi_old when corrected), then the engine gets the
+    #    new weights
     with timer("update"):
         work = learner.plan_update(data)  # rows that carry a gradient, micro-batches, divisors
         for _ in range(plan.mu):
@@ -102,7 +114,7 @@ def grpo_step(
                 update_metrics |= learner.critic_step(data, timer)
         rollout.sync(learner)
 
-    # 6. metrics: where the seconds went (the step ends here), the rollouts', the update's
+    # 7. metrics: where the seconds went (the step ends here), the rollouts', the update's
     times = timer.metrics()
     metrics |= update_metrics | rollout_metrics(batch, rewards, shaped) | throughput(batch, times)
     return StepResult(batch, rewards, metrics)
@@ -140,7 +152,7 @@ class Trainer:
 
     plan: StepPlan
     state: TrainState
-    rollout: Rollout
+    rollout: Rollout | AsyncRollout
     learner: Learner
 
 
@@ -157,9 +169,16 @@ def build_trainer(
     """Check and resolve `config`, seed and build the state, and the two roles around it; the
     engine defaults to sampling in process with the policy itself. With
     `gradient_checkpointing`, the policy (and the copies made of it: reference, critic body)
-    recomputes its layers in the backward pass."""
-    workers = default_workers(model, config.cpu_workers)
-    plan = build_plan(config, workers)
+    recomputes its layers in the backward pass.
+
+    With `async_steps` > 0 the rollouts run ahead in a background thread (`AsyncRollout`): the
+    default engine then samples with its own copy of the policy, synced after each update,
+    and the update keeps one CPU thread fewer (sampling has the other)."""
+    threads = torch.get_num_threads()
+    if config.async_steps > 0:
+        threads = max(1, threads - 1)
+    workers = default_workers(model, config.cpu_workers, threads)
+    plan = build_plan(config, workers, threads)
     if plan.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     state = build_state(
@@ -172,10 +191,14 @@ def build_trainer(
         critic_lr=config.critic_lr if plan.critic else None,
     )
     weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_fns)
-    engine = engine or HFEngine(model, tokenizer, workers)
+    if engine is None:
+        sampler = copy.deepcopy(model).eval() if plan.async_steps > 0 else model
+        engine = HFEngine(sampler, tokenizer, workers)
     rollout = Rollout(
         engine, train_rows, reward_fns, weights, plan.sampling, tokenizer.pad_token_id
     )
+    if plan.async_steps > 0:
+        rollout = AsyncRollout(rollout, plan.async_steps, config.worker_timeout_s)
     return Trainer(plan, state, rollout, Learner(state, plan))
 
 
@@ -245,7 +268,7 @@ def train_grpo(
         desc=config.advantage_estimator,
         disable=not progress,
     )
-    with stop.installed():
+    with stop.installed(), _update_threads(t.plan), _closing(t, checkpoints, run):
         for step in bar:
             result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
             t.state.step, t.state.data_position = step, t.rollout.consumed
@@ -274,11 +297,39 @@ def train_grpo(
             )
             every, last = config.checkpoint_every, step == config.steps or out_of_time
             if last or (every > 0 and step % every == 0) or stop.requested:
+                t.rollout.drain()  # queued sampling at rest: the generator and rows are still
+                t.state.data_position = t.rollout.consumed
                 _checkpoint(checkpoints, t.state, config.keep_checkpoints)
             if out_of_time:
                 break
             stop.raise_if_requested(step, run)
     return read_jsonl(run.metrics_path)
+
+
+def _update_threads(plan: StepPlan) -> contextlib.AbstractContextManager:
+    """With rollouts sampled in a background thread, the update keeps one torch thread fewer
+    (sampling has the other; torch's thread count is process-wide)."""
+    if plan.async_steps == 0:
+        return contextlib.nullcontext()
+    return torch_threads(max(1, torch.get_num_threads() - 1))
+
+
+@contextlib.contextmanager
+def _closing(t: Trainer, checkpoints: Path, run: RunDirectory) -> Iterator[None]:
+    """Stop the rollout side's background work when the loop ends, however it ends; a lost
+    worker's error gains the last checkpoint and the command that resumes from it."""
+    try:
+        yield
+    except WorkerError as exc:
+        t.rollout.close(wait=False)
+        last = latest_checkpoint(checkpoints)
+        where = f"the last checkpoint is {last}" if last else "no checkpoint was written yet"
+        resume = f"; resume with: rlvr train --resume {run.path}" if last else ""
+        raise WorkerError(exc.worker, f"{exc.problem}; {where}{resume}") from exc
+    except BaseException:
+        t.rollout.close(wait=False)
+        raise
+    t.rollout.close()
 
 
 def _resume_or_evaluate(

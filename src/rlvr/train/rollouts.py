@@ -9,7 +9,10 @@ plain CPU tensors and lists cross the boundary.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent import futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import torch
@@ -20,7 +23,7 @@ from rlvr.rollout.engine import RolloutEngine
 from rlvr.rollout.sampler import RolloutBatch, concat_batches, select_rows
 from rlvr.tasks.rewards import RewardFn, reward_columns, total_rewards
 from rlvr.train.config import SamplingPlan
-from rlvr.workers import torch_threads
+from rlvr.workers import torch_threads, wait_for
 
 
 class HasWeights(Protocol):
@@ -108,6 +111,89 @@ class Rollout:
         """Make the next `collect` sample from the learner's current weights, handed over as a
         state dict (the in-process engine sees its own tensors and does nothing)."""
         self.engine.load_weights(learner.state_dict())
+
+    def drain(self) -> None:
+        """Nothing runs in the background (`AsyncRollout` waits for its queued work)."""
+
+    def close(self, wait: bool = True) -> None:
+        """Nothing to stop (`AsyncRollout` stops its thread)."""
+
+
+Collected = tuple[RolloutBatch, torch.Tensor, dict[str, float]]
+
+
+class AsyncRollout:
+    """A `Rollout` run `ahead` steps ahead of the learner, in one background thread: while the
+    learner updates on step t's rollouts, the rollouts of steps t+1..t+ahead are sampled and
+    verified, each from the newest weights synced when its sampling was queued (at most
+    `ahead` updates old). The thread runs queued work in order (sampling rounds and weight
+    loads), so an engine is never loaded while it samples; its own weights must not be the
+    policy's (an in-process engine samples with a copy of the policy).
+
+    The same two calls as `Rollout`: `collect` returns the oldest queued step's rollouts
+    (waiting with a heartbeat and `timeout_s`; a sampling error is raised here) and queues the
+    next; `sync` snapshots the learner's weights and queues their load. Metrics add
+    `async/staleness` (learner updates since the rollouts' weights) and the background
+    thread's own `async/generate_s` / `async/verify_s`; the step's `time/generate_s` is the
+    time the learner waited for them."""
+
+    def __init__(self, rollout: Rollout, ahead: int, timeout_s: float) -> None:
+        self.rollout, self.ahead, self.timeout_s = rollout, ahead, timeout_s
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout")
+        self.queued: deque[tuple[Future[Collected], int]] = deque()
+        self.version = 0  # learner updates synced so far
+
+    @property
+    def consumed(self) -> int:
+        return self.rollout.consumed
+
+    def skip(self, n: int) -> None:
+        self.rollout.skip(n)
+
+    def collect(
+        self, generator: torch.Generator, timer: StepTimer
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        if not self.queued:
+            self._queue(generator)
+        future, version = self.queued.popleft()
+        with timer("generate"):  # the learner's wait; the sampling itself ran beside it
+            batch, rewards, metrics = wait_for(future, "the rollout thread", self.timeout_s)
+        while len(self.queued) < self.ahead:  # sampled while this step updates
+            self._queue(generator)
+        return batch, rewards, metrics | {"async/staleness": float(self.version - version)}
+
+    def sync(self, learner: HasWeights) -> None:
+        snapshot = {k: v.detach().clone() for k, v in learner.state_dict().items()}
+        self.pool.submit(self.rollout.engine.load_weights, snapshot)
+        self.version += 1
+
+    def drain(self) -> None:
+        """Wait for the queued work (a checkpoint then sees the generator and the row stream
+        at rest; the queued rollouts stay queued, and an error among them is raised by the
+        `collect` that takes it, after this step's checkpoint)."""
+        futures.wait([future for future, _ in self.queued], timeout=self.timeout_s)
+
+    def close(self, wait: bool = True) -> None:
+        """Cancel the queued work; `wait` for the running one (not after an error: a stuck
+        engine must not hang the exit)."""
+        self.pool.shutdown(wait=wait, cancel_futures=True)
+
+    def _queue(self, generator: torch.Generator) -> None:
+        self.queued.append((self.pool.submit(self._collect, generator), self.version))
+
+    def _collect(self, generator: torch.Generator) -> Collected:
+        timer = StepTimer()
+        batch, rewards, metrics = self.rollout.collect(generator, timer)
+        times = timer.metrics()
+        return (
+            batch,
+            rewards,
+            metrics
+            | {
+                f"async/{part}_s": times.get(f"time/{part}_s", 0.0)
+                for part in ("generate", "verify")
+            },
+        )
 
 
 def _first_groups(
