@@ -1,0 +1,582 @@
+"""Rollout workers on Ray: `RayEngine`, a `RolloutEngine` whose samplers are N Ray actors.
+
+Each actor builds its own engine (by default an `HFEngine` over a fresh copy of the policy's
+architecture; any `engine_factory`, such as one building a vLLM engine, can be shipped
+instead) and gets the weights through `load_weights`. `generate` splits the prompts into
+contiguous, balanced chunks, one per actor, seeds each actor from one draw of the host
+generator plus the actor's index (the checkpointed RNG stays on the host, so a resumed run
+reproduces), and merges the actors' batches back in prompt order: group ids and `row_index`
+number the prompts 0..B-1 of the call, as the in-process engine does. Only plain CPU tensors,
+lists and numpy arrays cross the process boundary.
+
+Weights travel as numpy arrays through Ray's object store (`ray.put` once; every actor reads
+the same object, zero-copy on its node). "nccl" broadcasts them from the learner's GPU to the
+actors' GPUs over a process group of their own instead; it needs CUDA and is untested here.
+
+Every wait on an actor goes through `RayEngine._gather`: it waits in `heartbeat_s` slices,
+prints a `[rlvr] waiting for rollout actors 1, 3 (45 s)` line per slice, and raises
+`WorkerError` naming the actor and its pid when one dies or does not answer within
+`timeout_s`: a lost actor ends the run with its name, never a silent hang.
+
+    python -m pip install 'rlvr[ray]'
+    ray start --head             # optional: a cluster to join with --ray-address auto
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.config import UserError
+from rlvr.rollout.engine import HFEngine, RolloutEngine
+from rlvr.rollout.sampler import RolloutBatch, concat_batches
+from rlvr.workers import WorkerError
+
+PLACEMENTS = ("separate", "colocated")
+WEIGHT_TRANSPORTS = ("object-store", "nccl")
+INSTALL_HINT = "pip install 'rlvr[ray]'"
+
+EngineFactory = Callable[[Any, str], RolloutEngine]
+"""`factory(tokenizer, device) -> RolloutEngine`, called once inside each actor."""
+
+
+class RayEngineError(UserError, ValueError):
+    """A Ray setting rlvr cannot honour: Ray missing, a cluster address nothing answers at,
+    or actors asking for more than the cluster has."""
+
+
+# --- starting or joining Ray ---------------------------------------------------------------
+
+
+def import_ray():
+    """The `ray` module, or a one-line `RayEngineError` saying how to install it."""
+    try:
+        import ray
+    except ImportError as err:
+        raise RayEngineError(f"Ray rollout workers need Ray: {INSTALL_HINT}") from err
+    return ray
+
+
+def start_ray(
+    address: str | None, num_cpus: int | None = None, temp_dir: str | None = None
+) -> bool:
+    """Join the Ray cluster at `address` ("auto", host:port or ray://host:port), or start a
+    local one bound to 127.0.0.1 only when `address` is None. Does nothing when Ray is already
+    initialised in this process. Returns whether this call initialised Ray, i.e. whether the
+    caller should `ray.shutdown()` when done. Ray's own logging is turned down to errors and
+    the actors' output stays in Ray's log files (`<temp_dir>/session_latest/logs/`); what goes
+    wrong in an actor comes back as the exception of the call. `num_cpus` and `temp_dir` apply
+    to a local cluster only."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
+    if address is None:
+        with _loopback_only(ray):
+            ray.init(
+                address="local",
+                num_cpus=num_cpus,
+                include_dashboard=False,
+                _temp_dir=temp_dir,
+                **quiet,
+            )
+        return True
+    _check_reachable(ray, address)
+    try:
+        ray.init(address=address, **quiet)
+    except (ConnectionError, RuntimeError) as err:
+        raise RayEngineError(f"--ray-address {address}: {_first_line(err)}") from err
+    return True
+
+
+@contextlib.contextmanager
+def _loopback_only(ray) -> Iterator[None]:
+    """Inside the block a new local Ray binds 127.0.0.1 only. Ray replaces 127.0.0.1 by the
+    machine's external address (so that other nodes could join) unless its "no multi-node
+    cluster" switch is off: set here in the environment its processes inherit and in the
+    constant this process read when it imported Ray, both restored after."""
+    constants = ray._private.ray_constants
+    name = constants.ENABLE_RAY_CLUSTERS_ENV_VAR
+    before_env, before_flag = os.environ.get(name), constants.ENABLE_RAY_CLUSTER
+    os.environ[name], constants.ENABLE_RAY_CLUSTER = "0", False
+    try:
+        yield
+    finally:
+        constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before_env
+
+
+def _check_reachable(ray, address: str, timeout_s: float = 5.0) -> None:
+    """A `RayEngineError` unless something accepts a TCP connection at `address` (Ray itself
+    retries an unreachable address for minutes)."""
+    try:
+        if address == "auto":
+            address = ray._private.services.canonicalize_bootstrap_address_or_die("auto")
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except (ConnectionError, OSError, ValueError) as err:
+        raise RayEngineError(
+            f"--ray-address {address}: no Ray cluster answers there ({_first_line(err)}); "
+            "start one with `ray start --head`, or leave --ray-address out to start a local one"
+        ) from err
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+# --- weights as numpy ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class PackedWeights:
+    """A state dict as numpy arrays, for `ray.put`: each tensor once (tied weights are
+    `aliases` of the first name sharing their memory), and dtypes numpy lacks (bfloat16,
+    float8) stored as their raw bits in an integer array of the same width, named in
+    `dtypes`, so nothing is rounded or doubled in size."""
+
+    arrays: dict[str, np.ndarray]
+    dtypes: dict[str, str]  # name -> torch dtype of arrays holding raw bits
+    aliases: dict[str, str]  # name -> the name in `arrays` it shares memory with
+
+
+_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def unique_tensors(
+    state_dict: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(tensors, aliases): the state dict with each tensor once, detached, and a map from each
+    dropped name to the kept name viewing the same memory (tied embeddings)."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    first: dict[tuple, str] = {}
+    for name, tensor in state_dict.items():
+        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() and key in first:
+            aliases[name] = first[key]
+        else:
+            first.setdefault(key, name)
+            kept[name] = tensor.detach()
+    return kept, aliases
+
+
+def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> PackedWeights:
+    """The state dict as numpy arrays on the CPU (see `PackedWeights`); CPU float32 tensors
+    are viewed, not copied (`ray.put` copies them into the object store)."""
+    tensors, aliases = unique_tensors(state_dict)
+    arrays, dtypes = {}, {}
+    for name, tensor in tensors.items():
+        tensor = tensor.cpu()
+        try:
+            arrays[name] = tensor.numpy()
+        except TypeError:  # no numpy dtype: ship the bits
+            arrays[name] = tensor.view(_SAME_WIDTH_INT[tensor.element_size()]).numpy()
+            dtypes[name] = str(tensor.dtype).removeprefix("torch.")
+    return PackedWeights(arrays, dtypes, aliases)
+
+
+def unpack_state_dict(packed: PackedWeights) -> dict[str, torch.Tensor]:
+    """The state dict `pack_state_dict` packed, as CPU tensors viewing the arrays (which the
+    object store hands out read-only: engines copy them into their parameters)."""
+    state_dict = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for name, array in packed.arrays.items():
+            tensor = torch.from_numpy(array)
+            if name in packed.dtypes:
+                tensor = tensor.view(getattr(torch, packed.dtypes[name]))
+            state_dict[name] = tensor
+    for name, target in packed.aliases.items():
+        state_dict[name] = state_dict[target]
+    return state_dict
+
+
+# --- weights over a collective (GPUs) ------------------------------------------------------
+
+
+def listening_socket(host: str) -> socket.socket:
+    """A TCP socket listening at `host` on a free port: rank 0's end of a `weight_group`
+    (torch's TCP store would otherwise listen on every interface)."""
+    listener = socket.socket()
+    listener.bind((host, 0))
+    listener.listen()
+    return listener
+
+
+def weight_group(
+    backend: str,
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    listener: socket.socket | None = None,
+):
+    """This process's member of a broadcast group of its own (rank 0 the learner, 1..N the
+    actors), apart from torch.distributed's default group, which the learner may be using.
+    Rank 0 passes the `listening_socket` at host:port (the group's TCP store takes it over);
+    `backend` is "nccl" (GPUs) or "gloo" (CPUs, bound to `host`)."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=listener is not None,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=None if listener is None else listener.detach(),
+    )
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(store, rank, world_size, options)
+
+
+def broadcast_tensors(group, tensors: list[torch.Tensor], timeout_s: float) -> None:
+    """Broadcast `tensors` from rank 0 of `group` in place, in order (every rank passes
+    tensors of the same shapes and dtypes: rank 0 its values, the others buffers)."""
+    for tensor in tensors:
+        group.broadcast(tensor, 0, timedelta(seconds=timeout_s)).wait()
+
+
+def tensor_specs(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
+    """(name, shape, dtype name) of each tensor: what a receiving rank allocates."""
+    return [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()]
+
+
+def receive_tensors(
+    group, specs: list[tuple[str, tuple[int, ...], str]], device: str, timeout_s: float
+) -> dict[str, torch.Tensor]:
+    """Buffers for `specs` on `device`, filled by rank 0's `broadcast_tensors`."""
+    tensors = {n: torch.empty(s, dtype=getattr(torch, d), device=device) for n, s, d in specs}
+    broadcast_tensors(group, list(tensors.values()), timeout_s)
+    return tensors
+
+
+# --- what runs in each actor ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class HFEngineFactory:
+    """Builds, inside an actor, an `HFEngine` over a freshly initialised model of the policy's
+    Hugging Face architecture on `device` (its weights arrive through `load_weights`)."""
+
+    config: Any  # the policy's transformers config
+
+    def __call__(self, tokenizer, device: str) -> RolloutEngine:
+        from transformers import AutoModelForCausalLM
+
+        return HFEngine(AutoModelForCausalLM.from_config(self.config).to(device), tokenizer)
+
+
+class RolloutActor:
+    """The body of one Ray rollout actor: an engine from `engine_factory`, sampling on
+    `device` with `threads` torch threads."""
+
+    def __init__(self, engine_factory: EngineFactory, tokenizer, device: str, threads: int):
+        torch.set_num_threads(threads)
+        self.device = device
+        self.engine = engine_factory(tokenizer, device)
+        self.group = None
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def generate(self, seed: int | None, *args) -> RolloutBatch:
+        """`engine.generate(*args, generator)` (args: prompts, num_samples, max_new_tokens,
+        temperature) with a generator seeded by `seed`, the batch's tensors on the CPU."""
+        generator = None if seed is None else torch.Generator().manual_seed(seed)
+        batch = self.engine.generate(*args, generator)
+        cpu = {
+            f.name: getattr(batch, f.name).cpu()
+            for f in dataclasses.fields(batch)
+            if isinstance(getattr(batch, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(batch, **cpu)
+
+    def load_weights(self, packed: PackedWeights) -> None:
+        self.engine.load_weights(unpack_state_dict(packed))
+
+    def join_weight_group(self, host: str, port: int, rank: int, world_size: int, timeout_s):
+        self.group = weight_group("nccl", host, port, rank, world_size, timeout_s)
+
+    def receive_weights(self, specs, aliases: dict[str, str], timeout_s: float) -> None:
+        state_dict = receive_tensors(self.group, specs, self.device, timeout_s)
+        self.engine.load_weights(state_dict | {n: state_dict[t] for n, t in aliases.items()})
+
+
+# --- the engine the loop talks to -----------------------------------------------------------
+
+
+class RayEngine:
+    """A `RolloutEngine` over `num_workers` Ray actors (see the module docstring).
+
+    `placement`: "separate" gives each actor whole devices of its own (`threads_per_worker`
+    CPUs, and one GPU when `device` is "cuda"): start Ray with the learner's GPUs left out;
+    "colocated" makes the actors share the learner's devices: each asks for 1/num_workers of
+    a GPU (so all fit on one) and for no CPU on a CPU run. On a GPU, Ray sets each actor's
+    visible devices, so `device` is only the type ("cpu" or "cuda").
+
+    `weight_transport`: "object-store" (numpy arrays through Ray's object store, any device)
+    or "nccl" (a broadcast from the learner's GPU to the actors' GPUs: needs CUDA, NCCL and
+    `placement="separate"`, as NCCL cannot broadcast between two processes on one GPU;
+    written but untested: no GPU was available to this work).
+
+    `engine_factory(tokenizer, device) -> RolloutEngine` builds each actor's engine (default:
+    `HFEngineFactory(model.config)`); a vLLM one could be, e.g.,
+    `lambda tokenizer, device: VLLMEngine(model_dir, tokenizer)` (ignores the seeds).
+    `ray_address` is `start_ray`'s `address`, used when Ray is not initialised yet; `close()`
+    shuts Ray down only when this engine started it. The actors import rlvr, so it must be
+    installed on every node of a joined cluster.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer,
+        num_workers: int,
+        *,
+        timeout_s: float = 600.0,
+        heartbeat_s: float = 30.0,
+        placement: str = "separate",
+        weight_transport: str = "object-store",
+        device: str = "cpu",
+        threads_per_worker: int = 1,
+        engine_factory: EngineFactory | None = None,
+        ray_address: str | None = None,
+    ) -> None:
+        _check_settings(num_workers, placement, weight_transport, device, threads_per_worker)
+        self.tokenizer, self.timeout_s, self.heartbeat_s = tokenizer, timeout_s, heartbeat_s
+        self.weight_transport, self._group = weight_transport, None
+        self._started_ray = start_ray(ray_address)
+        self._ray = import_ray()
+        self.actors: list = []
+        self.pids: list[int | None] = [None] * num_workers
+        try:
+            resources = _actor_resources(placement, device, num_workers, threads_per_worker)
+            _check_cluster(self._ray, resources, num_workers)
+            factory = engine_factory or HFEngineFactory(_hf_config(model))
+            self._start_actors(factory, num_workers, device, threads_per_worker, resources)
+            self.load_weights(model.state_dict())
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_actors(
+        self, factory, num_workers: int, device: str, threads: int, resources: dict
+    ) -> None:
+        env = {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": str(threads)}  # a shared CPU
+        actor_class = self._ray.remote(RolloutActor).options(
+            **resources, runtime_env={"env_vars": env}
+        )
+        tokenizer, device = self._ray.put(self.tokenizer), torch.device(device).type
+        self.actors = [
+            actor_class.remote(factory, tokenizer, device, threads) for _ in range(num_workers)
+        ]
+        self.pids = self._gather([a.pid.remote() for a in self.actors], "start")
+
+    def generate(
+        self,
+        prompts: list[str],
+        num_samples: int,
+        max_new_tokens: int,
+        temperature: float,
+        generator: torch.Generator | None = None,
+    ) -> RolloutBatch:
+        """`num_samples` completions per prompt, group-major, as `HFEngine.generate` returns
+        them; prompts are sampled in contiguous chunks, one per actor."""
+        if not prompts:
+            raise ValueError("generate needs at least one prompt")
+        seed = None
+        if generator is not None:  # one draw per call, whatever the number of actors
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
+        chunks = contiguous_chunks(len(prompts), len(self.actors))
+        refs = [
+            actor.generate.remote(
+                None if seed is None else seed + i,
+                prompts[start:stop],
+                num_samples,
+                max_new_tokens,
+                temperature,
+            )
+            for i, (actor, (start, stop)) in enumerate(zip(self.actors, chunks))
+        ]
+        return concat_batches(self._gather(refs, "answer"), self.tokenizer.pad_token_id)
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Every actor loads `state_dict`: through the object store (one `ray.put`, the same
+        object for all) or the NCCL broadcast, waiting for all with the timeout."""
+        if self.weight_transport == "nccl":
+            self._broadcast_weights(state_dict)
+            return
+        packed = self._ray.put(pack_state_dict(state_dict))
+        self._gather([actor.load_weights.remote(packed) for actor in self.actors], "answer")
+
+    def _broadcast_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """The "nccl" transport: the learner (rank 0) broadcasts each distinct tensor from its
+        GPU; the actors receive into buffers on theirs and load them. Untested (no GPU)."""
+        tensors, aliases = unique_tensors(state_dict)
+        tensors = {n: (t if t.is_cuda else t.cuda()).contiguous() for n, t in tensors.items()}
+        if self._group is None:
+            self._group = self._join_weight_group()
+        specs = tensor_specs(tensors)
+        refs = [a.receive_weights.remote(specs, aliases, self.timeout_s) for a in self.actors]
+        broadcast_tensors(self._group, list(tensors.values()), self.timeout_s)
+        self._gather(refs, "answer")
+
+    def _join_weight_group(self):
+        host = self._ray.util.get_node_ip_address()
+        listener, world_size = listening_socket(host), len(self.actors) + 1
+        port = listener.getsockname()[1]
+        refs = [
+            actor.join_weight_group.remote(host, port, rank, world_size, self.timeout_s)
+            for rank, actor in enumerate(self.actors, start=1)
+        ]
+        group = weight_group("nccl", host, port, 0, world_size, self.timeout_s, listener)
+        self._gather(refs, "answer")
+        return group
+
+    def _name(self, i: int) -> str:
+        pid = self.pids[i]
+        return f"rollout actor {i}" + ("" if pid is None else f" (pid {pid})")
+
+    def _gather(self, refs: list, doing: str) -> list:
+        """`ray.get(refs)` (refs[i] from actor i) that never hangs: waits in `heartbeat_s`
+        slices, one `[rlvr] waiting for rollout actors ...` line on stderr per slice; a
+        `WorkerError` naming the actor when one dies, or the ones still pending when
+        `timeout_s` runs out (`doing`: "start" or "answer"). Errors raised by an actor's own
+        code (a `RayTaskError`, also an instance of the original class) pass through."""
+        ray = self._ray
+        pending, results = {ref: i for i, ref in enumerate(refs)}, [None] * len(refs)
+        start = time.monotonic()
+        deadline, beat = start + self.timeout_s, start + self.heartbeat_s
+        while pending:
+            now = time.monotonic()
+            if now >= deadline:
+                names = ", ".join(self._name(i) for i in sorted(pending.values()))
+                raise WorkerError(names, f"did not {doing} within {self.timeout_s:g} s")
+            if now >= beat:
+                waiting = ", ".join(str(i) for i in sorted(pending.values()))
+                print(
+                    f"[rlvr] waiting for rollout actors {waiting} ({now - start:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                beat += self.heartbeat_s
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=min(deadline, beat) - now)
+            for ref in ready:
+                i = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
+                except ray.exceptions.RayActorError as err:
+                    raise WorkerError(self._name(i), f"died ({_first_line(err)})") from err
+        return results
+
+    def close(self) -> None:
+        """Kill the actors; shut Ray down if this engine started it. Safe to call twice."""
+        for actor in self.actors:
+            self._ray.kill(actor, no_restart=True)
+        self.actors = []
+        if self._started_ray:
+            self._ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> RayEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def contiguous_chunks(n: int, k: int) -> list[tuple[int, int]]:
+    """[(start, stop)] of at most `k` contiguous, non-empty slices of range(n) whose sizes
+    differ by at most one, in order."""
+    k = min(k, n)
+    bounds = [i * n // k for i in range(k + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _check_settings(
+    num_workers: int, placement: str, weight_transport: str, device: str, threads: int
+) -> None:
+    """One-line `RayEngineError`s for settings that cannot work, named as RayEngine's
+    keyword arguments."""
+    if num_workers < 1 or threads < 1:
+        raise RayEngineError(
+            f"RayEngine num_workers={num_workers}, threads_per_worker={threads}: both must be >= 1"
+        )
+    if placement not in PLACEMENTS:
+        raise RayEngineError(f"RayEngine placement={placement!r}: expected one of {PLACEMENTS}")
+    if weight_transport not in WEIGHT_TRANSPORTS:
+        raise RayEngineError(
+            f"RayEngine weight_transport={weight_transport!r}: expected one of {WEIGHT_TRANSPORTS}"
+        )
+    if torch.device(device).type not in ("cpu", "cuda"):
+        raise RayEngineError(f"RayEngine device={device!r}: rollout actors run on cpu or cuda")
+    if weight_transport == "nccl":
+        if not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
+            raise RayEngineError(
+                "RayEngine weight_transport='nccl' needs CUDA and NCCL, which this machine "
+                "lacks; use weight_transport='object-store'"
+            )
+        if torch.device(device).type != "cuda" or placement != "separate":
+            raise RayEngineError(
+                "RayEngine weight_transport='nccl' needs device='cuda' and placement='separate' "
+                "(NCCL cannot broadcast between processes sharing one GPU)"
+            )
+
+
+def _actor_resources(placement: str, device: str, num_workers: int, threads: int) -> dict:
+    """Ray resource requests of one actor (see `RayEngine`'s placements)."""
+    on_gpu = torch.device(device).type == "cuda"
+    if placement == "colocated":
+        return {"num_cpus": 0, "num_gpus": 1 / num_workers if on_gpu else 0}
+    return {"num_cpus": threads, "num_gpus": 1 if on_gpu else 0}
+
+
+def _check_cluster(ray, resources: dict, num_workers: int) -> None:
+    """A `RayEngineError` when the cluster can never hold the actors (they would wait for
+    resources forever). An autoscaling cluster is judged by what it has now."""
+    have = ray.cluster_resources()
+    for key, label in (("num_cpus", "CPU"), ("num_gpus", "GPU")):
+        need = resources[key] * num_workers
+        if need > have.get(label, 0) + 1e-9:
+            raise RayEngineError(
+                f"RayEngine num_workers={num_workers}: the rollout actors need {need:g} "
+                f"{label}s, the Ray cluster has {have.get(label, 0):g}; use fewer workers or "
+                "threads_per_worker, or placement='colocated'"
+            )
+
+
+def _hf_config(model: torch.nn.Module):
+    """The Hugging Face config the actors rebuild `model` from."""
+    config = getattr(model, "config", None)
+    if config is None:
+        raise RayEngineError(
+            f"RayEngine rebuilds the policy from its Hugging Face config; {type(model).__name__} "
+            "has none: pass engine_factory"
+        )
+    return config
