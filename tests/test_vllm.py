@@ -134,8 +134,9 @@ def test_greedy_equals_greedy_by_full_forward_passes(setup):
 @pytest.mark.xfail(
     not HF_TAKES_CACHE,
     strict=True,
-    reason="rlvr's sampler passes `cache=`, which this transformers' forward does not take "
-    "(it is `past_key_values` here): HFEngine decodes without its KV cache",
+    reason="rlvr's sampler passes `cache=`, a forward argument only from transformers 5.24 "
+    "(`past_key_values` before; vLLM's CPU build needs < 5.20): HFEngine decodes without its "
+    "KV cache here",
 )
 def test_greedy_equals_hf_engine_greedy(setup):
     engine, policy = setup
