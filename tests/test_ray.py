@@ -216,7 +216,7 @@ def test_more_actors_than_the_cluster_can_hold_is_one_line(cluster, policy):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
 def test_nccl_weights_without_cuda_are_refused(cluster, policy):
-    with pytest.raises(RayEngineError, match="weight_transport='nccl' needs CUDA"):
+    with pytest.raises(RayEngineError, match="--weight-transport nccl needs CUDA"):
         RayEngine(policy, TOKENIZER, 1, weight_transport="nccl")
 
 

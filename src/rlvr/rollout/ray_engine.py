@@ -346,8 +346,8 @@ class RayEngine:
     written but untested: no GPU was available to this work).
 
     `engine_factory(tokenizer, device) -> RolloutEngine` builds each actor's engine (default:
-    `HFEngineFactory(model.config)`); a vLLM one could be, e.g.,
-    `lambda tokenizer, device: VLLMEngine(model_dir, tokenizer)` (ignores the seeds).
+    `HFEngineFactory(model.config)`); for vLLM, a picklable callable holding the model
+    directory that returns a `VLLMEngine` (vLLM seeds itself: the per-actor seeds are unused).
     `ray_address` is `start_ray`'s `address`, used when Ray is not initialised yet; `close()`
     shuts Ray down only when this engine started it. The actors import rlvr, so it must be
     installed on every node of a joined cluster.
@@ -408,8 +408,8 @@ class RayEngine:
     ) -> RolloutBatch:
         """`num_samples` completions per prompt, group-major, as `HFEngine.generate` returns
         them; prompts are sampled in contiguous chunks, one per actor."""
-        if not prompts:
-            raise ValueError("generate needs at least one prompt")
+        if not prompts or not self.actors:
+            raise ValueError("RayEngine.generate needs prompts and an engine not yet closed")
         seed = None
         if generator is not None:  # one draw per call, whatever the number of actors
             seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device))
@@ -522,29 +522,29 @@ def contiguous_chunks(n: int, k: int) -> list[tuple[int, int]]:
 def _check_settings(
     num_workers: int, placement: str, weight_transport: str, device: str, threads: int
 ) -> None:
-    """One-line `RayEngineError`s for settings that cannot work, named as RayEngine's
-    keyword arguments."""
+    """One-line `RayEngineError`s for settings that cannot work, named by the entry points'
+    flags (`--rollout-workers` is `num_workers`, `--placement`, `--weight-transport`)."""
     if num_workers < 1 or threads < 1:
         raise RayEngineError(
-            f"RayEngine num_workers={num_workers}, threads_per_worker={threads}: both must be >= 1"
+            f"--rollout-workers {num_workers} (threads_per_worker {threads}): both must be >= 1"
         )
     if placement not in PLACEMENTS:
-        raise RayEngineError(f"RayEngine placement={placement!r}: expected one of {PLACEMENTS}")
+        raise RayEngineError(f"--placement {placement}: expected one of {', '.join(PLACEMENTS)}")
     if weight_transport not in WEIGHT_TRANSPORTS:
         raise RayEngineError(
-            f"RayEngine weight_transport={weight_transport!r}: expected one of {WEIGHT_TRANSPORTS}"
+            f"--weight-transport {weight_transport}: expected one of {', '.join(WEIGHT_TRANSPORTS)}"
         )
     if torch.device(device).type not in ("cpu", "cuda"):
-        raise RayEngineError(f"RayEngine device={device!r}: rollout actors run on cpu or cuda")
+        raise RayEngineError(f"--device {device}: Ray rollout actors run on cpu or cuda")
     if weight_transport == "nccl":
         if not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
             raise RayEngineError(
-                "RayEngine weight_transport='nccl' needs CUDA and NCCL, which this machine "
-                "lacks; use weight_transport='object-store'"
+                "--weight-transport nccl needs CUDA and NCCL, which this machine lacks; "
+                "use --weight-transport object-store"
             )
         if torch.device(device).type != "cuda" or placement != "separate":
             raise RayEngineError(
-                "RayEngine weight_transport='nccl' needs device='cuda' and placement='separate' "
+                "--weight-transport nccl needs --device cuda and --placement separate "
                 "(NCCL cannot broadcast between processes sharing one GPU)"
             )
 
@@ -565,9 +565,8 @@ def _check_cluster(ray, resources: dict, num_workers: int) -> None:
         need = resources[key] * num_workers
         if need > have.get(label, 0) + 1e-9:
             raise RayEngineError(
-                f"RayEngine num_workers={num_workers}: the rollout actors need {need:g} "
-                f"{label}s, the Ray cluster has {have.get(label, 0):g}; use fewer workers or "
-                "threads_per_worker, or placement='colocated'"
+                f"--rollout-workers {num_workers}: the rollout actors need {need:g} {label}s, "
+                f"the Ray cluster has {have.get(label, 0):g}; use fewer, or --placement colocated"
             )
 
 
