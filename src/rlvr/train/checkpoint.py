@@ -28,10 +28,22 @@ rlvr), and `save_model` handles the tiny model's tied embedding/LM-head weights,
 and numbers, which safetensors cannot hold; they are written with `torch.save` and read back
 with `torch.load(weights_only=True)`, which also refuses to run arbitrary pickled code.
 
+Sharded runs (a `TrainState` whose models FSDP2 shards over N torch.distributed ranks) write
+the same directory with the weights and optimizer moments through `torch.distributed.checkpoint`
+(DCP), each rank writing its own shards: `policy/` (the policy and its optimizer), `reference/`,
+`critic/` (with its optimizer) are DCP directories; `scheduler.pt` and `meta.json` (which then
+records `world_size`) come from rank 0; `rng-<rank>.pt` from each rank. Every rank must see the
+same checkpoints directory (one machine, or a shared file system). A sharded checkpoint resumes
+exactly on the same number of ranks; another number, or one process, is refused, as is a
+one-process checkpoint in a sharded run.
+
 Atomicity: everything is written into a hidden sibling `.tmp-step-000123-<pid>/`, each file
 fsynced, the `COMPLETE` marker last, then the directory is renamed to its final name and the
 parent fsynced. A crash or full disk at any point leaves either no `step-000123/` or a complete
 one; the previous checkpoints are only pruned (to `keep_last`) after the new one is in place.
+Sharded, all ranks write into rank 0's temporary directory, agree that every rank's part is
+written (an all-reduce: a rank that failed makes all of them raise, none waits), and rank 0
+writes the marker and renames.
 """
 
 from __future__ import annotations
@@ -52,8 +64,23 @@ import numpy as np
 import safetensors
 import safetensors.torch
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from rlvr.models.lora import adapter_state_dict, is_lora
+from rlvr.train.distributed import (
+    DistContext,
+    all_ranks_agree,
+    barrier,
+    broadcast_object,
+    lost_rank_as_error,
+)
 from rlvr.train.state import TrainState
 
 FORMAT_VERSION = 1
@@ -185,7 +212,50 @@ def save_checkpoint(
     new checkpoint is complete, all but the newest `keep_last` complete checkpoints are
     deleted (`None` keeps all). An OSError while writing (a full disk, say) removes the
     temporary directory and raises `CheckpointError` saying which previous checkpoint is intact.
+    A sharded state is saved by every rank together (a collective: all ranks call this).
     """
+    meta_text = _meta_text(state, extra, keep_last)
+    step, ctx = state.step, state.dist_ctx if state.sharded else None
+    directory = Path(directory)
+    name = step_dir_name(step)
+    final = directory / name
+    pid = os.getpid() if ctx is None else broadcast_object(os.getpid(), ctx)  # rank 0's
+    tmp = directory / f".tmp-{name}-{pid}"
+    previous = latest_checkpoint(directory)
+
+    try:
+        if ctx is None:
+            _fresh_dir(tmp)
+            _write_local_files(tmp, state, meta_text)
+            _publish(tmp, final)
+        else:
+            _save_sharded(tmp, final, state, meta_text, ctx)
+    except (OSError, CheckpointException) as err:
+        if ctx is None or ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        full = getattr(err, "errno", None) == errno.ENOSPC
+        reason = "the disk is full" if full else "an OS error"
+        kept = (
+            f"The previous checkpoint {previous} is intact."
+            if previous is not None and (previous / MARKER).is_file()
+            else f"There is no earlier complete checkpoint in {directory}."
+        )
+        raise CheckpointError(
+            f"could not write checkpoint {final} ({reason}: {err}); nothing was saved for "
+            f"step {step}. {kept}"
+        ) from err
+
+    if keep_last is not None and (ctx is None or ctx.is_main):
+        for _, old in _complete_checkpoints(directory)[:-keep_last]:
+            _remove_dir(old)
+    if ctx is not None:
+        barrier(ctx, "the end of a checkpoint")
+    return final
+
+
+def _meta_text(state: TrainState, extra: dict[str, Any] | None, keep_last: int | None) -> str:
+    """meta.json's text for `state`, after checking its step, data position and `keep_last`
+    (ValueError)."""
     step, data_position, generator = state.step, state.data_position, state.generator
     if not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -201,55 +271,105 @@ def save_checkpoint(
         "data_position": data_position,
         "extra": extra if extra is not None else {},
     }
+    if state.sharded:
+        meta["world_size"] = state.world_size
     lora = {key: _base_checksum(m) for key, m in models.items() if is_lora(m)}
     if lora:  # only for LoRA runs: other checkpoints stay as they were
         meta["adapter_only"] = lora
         meta["reference_is_base"] = state.reference_is_base
     try:
-        meta_text = json.dumps(meta, indent=2, sort_keys=True)
+        return json.dumps(meta, indent=2, sort_keys=True)
     except (TypeError, ValueError) as err:
         raise ValueError(f"checkpoint `extra` must be JSON-serialisable: {err}") from err
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = step_dir_name(step)
-    final = directory / name
-    tmp = directory / f".tmp-{name}-{os.getpid()}"
-    previous = latest_checkpoint(directory)
 
-    try:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        for key, model in models.items():
-            _write(tmp / f"{key}.safetensors", lambda p, m=model: _save_weights(m, p))
-        for key, obj in states.items():
-            _write(tmp / f"{key}.pt", lambda p, o=obj: torch.save(o.state_dict(), p))
-        rng = _rng_state(generator)
-        _write(tmp / "rng.pt", lambda p: torch.save(rng, p))
+def _fresh_dir(tmp: Path) -> None:
+    """An empty `tmp` (and its parent), whatever an earlier crash left there."""
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+
+
+def _write_local_files(tmp: Path, state: TrainState, meta_text: str) -> None:
+    """One process's checkpoint files: weights (safetensors), optimizer and scheduler states,
+    RNG states, meta.json."""
+    for key, model in state.modules().items():
+        _write(tmp / f"{key}.safetensors", lambda p, m=model: _save_weights(m, p))
+    for key, obj in state.stateful().items():
+        _write(tmp / f"{key}.pt", lambda p, o=obj: torch.save(o.state_dict(), p))
+    rng = _rng_state(state.generator)
+    _write(tmp / "rng.pt", lambda p: torch.save(rng, p))
+    _write(tmp / "meta.json", lambda p: p.write_text(meta_text))
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """The `COMPLETE` manifest (every file's relative path and size) written last, then `tmp`
+    renamed to `final`, each step fsynced."""
+    manifest = {
+        f.relative_to(tmp).as_posix(): f.stat().st_size
+        for f in sorted(tmp.rglob("*"))
+        if f.is_file()
+    }
+    _write(tmp / MARKER, lambda p: p.write_text(json.dumps(manifest, indent=2)))
+    _fsync_path(tmp)
+    _replace_dir(tmp, final)
+    _fsync_path(final.parent)
+
+
+def _sharded_parts(
+    state: TrainState,
+) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
+    """The DCP directories of a sharded state: each model with the optimizer of its weights."""
+    parts = {
+        "policy": (state.policy, state.optimizer),
+        "reference": (state.reference, None),
+        "critic": (state.critic, state.critic_optimizer),
+    }
+    return {key: (m, o) for key, (m, o) in parts.items() if m is not None}
+
+
+def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
+    """This rank's shards of `model`'s weights and `optimizer`'s moments, as DCP saves them and
+    loads into them."""
+    if optimizer is None:
+        return {"model": get_model_state_dict(model)}
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {"model": model_state, "optimizer": optimizer_state}
+
+
+def _save_sharded(
+    tmp: Path, final: Path, state: TrainState, meta_text: str, ctx: DistContext
+) -> None:
+    """Rank 0 makes `tmp`; every rank writes its shards (DCP) and its RNG states; rank 0 writes
+    the scheduler, meta.json and the marker and renames `tmp` to `final`. Each phase ends with
+    the ranks agreeing that it worked (an OSError on any rank raises on all)."""
+    _agreed(lambda: _fresh_dir(tmp), ctx, main_only=True)
+    with lost_rank_as_error(ctx, "a checkpoint"):
+        for key, (model, optimizer) in _sharded_parts(state).items():
+            dcp.save(_dcp_state(model, optimizer), checkpoint_id=tmp / key)
+    rng = _rng_state(state.generator)
+    _agreed(lambda: _write(tmp / f"rng-{ctx.rank}.pt", lambda p: torch.save(rng, p)), ctx)
+
+    def finish() -> None:
+        _write(tmp / "scheduler.pt", lambda p: torch.save(state.scheduler.state_dict(), p))
         _write(tmp / "meta.json", lambda p: p.write_text(meta_text))
-        manifest = {f.name: f.stat().st_size for f in sorted(tmp.iterdir())}
-        _write(tmp / MARKER, lambda p: p.write_text(json.dumps(manifest, indent=2)))
-        _fsync_path(tmp)
-        _replace_dir(tmp, final)
-        _fsync_path(directory)
-    except OSError as err:
-        shutil.rmtree(tmp, ignore_errors=True)
-        reason = "the disk is full" if err.errno == errno.ENOSPC else "an OS error"
-        kept = (
-            f"The previous checkpoint {previous} is intact."
-            if previous is not None and (previous / MARKER).is_file()
-            else f"There is no earlier complete checkpoint in {directory}."
-        )
-        raise CheckpointError(
-            f"could not write checkpoint {final} ({reason}: {err}); nothing was saved for "
-            f"step {step}. {kept}"
-        ) from err
+        _publish(tmp, final)
 
-    if keep_last is not None:
-        for _, old in _complete_checkpoints(directory)[:-keep_last]:
-            _remove_dir(old)
-    return final
+    _agreed(finish, ctx, main_only=True)
+
+
+def _agreed(write: Callable[[], None], ctx: DistContext, *, main_only: bool = False) -> None:
+    """Run `write` on every rank (rank 0 only with `main_only`); when it raised OSError on any
+    rank, raise OSError on all of them (the rank's own error where it had one)."""
+    error: OSError | None = None
+    if ctx.is_main or not main_only:
+        try:
+            write()
+        except OSError as err:
+            error = err
+    if not all_ranks_agree(error is None, ctx):
+        raise error or OSError("another rank could not write its part of the checkpoint")
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -282,7 +402,8 @@ def load_checkpoint(path: str | os.PathLike, state: TrainState) -> dict[str, Any
     `state` must hold the objects that were saved (same shapes; a reference, critic or
     scheduler exactly when one was saved): a mismatch raises `CheckpointError` rather than
     resuming with part of the state silently fresh. Also restores the global Python, NumPy,
-    torch and CUDA RNG states. Returns `{"step", "data_position", "extra"}`.
+    torch and CUDA RNG states. Returns `{"step", "data_position", "extra"}`. A sharded state
+    loads on every rank together (a collective), from a checkpoint saved by as many ranks.
     """
     path = Path(path)
     marker = path / MARKER
@@ -308,6 +429,32 @@ def load_checkpoint(path: str | os.PathLike, state: TrainState) -> dict[str, Any
             "into; pass the same objects the run saved"
         )
 
+    saved_ranks = meta.get("world_size", 1)
+    if saved_ranks != state.world_size:
+        raise CheckpointError(
+            f"{path} was saved by {saved_ranks} torch.distributed rank(s) but this run has "
+            f"{state.world_size}; resume with the same number (torchrun --nproc-per-node "
+            f"{saved_ranks})"
+        )
+    if state.sharded:
+        assert state.dist_ctx is not None
+        _load_sharded(path, state, state.dist_ctx)
+    else:
+        _load_local(path, state, meta)
+    _set_rng_state(torch.load(path / _rng_file(state), weights_only=True), generator)
+    state.step, state.data_position = meta["step"], meta["data_position"]
+    return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
+
+
+def _rng_file(state: TrainState) -> str:
+    """`rng.pt` in one process; each rank's own `rng-<rank>.pt` when sharded."""
+    return f"rng-{state.dist_ctx.rank}.pt" if state.sharded and state.dist_ctx else "rng.pt"
+
+
+def _load_local(path: Path, state: TrainState, meta: dict[str, Any]) -> None:
+    """One process's weights (adapters only for LoRA, checked first) and optimizer and
+    scheduler states."""
+    models = state.modules()
     adapter_only = meta.get("adapter_only", {})
     _check_lora(path, models, adapter_only, meta.get("reference_is_base", False), state)
     for key, model in models.items():
@@ -317,11 +464,27 @@ def load_checkpoint(path: str | os.PathLike, state: TrainState) -> dict[str, Any
             _load_adapters(model, file, device)
         else:
             safetensors.torch.load_model(model, file, strict=True, device=device)
-    for key, obj in states.items():
+    for key, obj in state.stateful().items():
         obj.load_state_dict(torch.load(path / f"{key}.pt", map_location="cpu", weights_only=True))
-    _set_rng_state(torch.load(path / "rng.pt", weights_only=True), generator)
-    state.step, state.data_position = meta["step"], meta["data_position"]
-    return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
+
+
+def _load_sharded(path: Path, state: TrainState, ctx: DistContext) -> None:
+    """Every rank reads its shards of each model and optimizer (DCP) and the scheduler."""
+    with lost_rank_as_error(ctx, "loading a checkpoint"):
+        for key, (model, optimizer) in _sharded_parts(state).items():
+            saved = _dcp_state(model, optimizer)
+            dcp.load(saved, checkpoint_id=path / key)
+            if optimizer is None:
+                set_model_state_dict(model, saved["model"])
+            else:
+                set_state_dict(
+                    model,
+                    optimizer,
+                    model_state_dict=saved["model"],
+                    optim_state_dict=saved["optimizer"],
+                )
+    scheduler = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True)
+    state.scheduler.load_state_dict(scheduler)
 
 
 def _check_lora(

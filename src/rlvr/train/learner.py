@@ -1,13 +1,27 @@
 """The learner role: the policy, its optimizer and scheduler; the reference and critic when the
 plan needs them. It turns a step's rollouts and advantages into updated weights.
 
-In one process this is an object beside the rollout; past one process the same calls run on
-every torch.distributed rank (each on its share of the rows, the loss divisors global) and the
-weights go back to rollout workers as a state dict.
+In one process this is an object beside the rollout; past one process (a state built with a
+`DistContext` of N ranks: the models FSDP2-sharded) the same calls run on every
+torch.distributed rank, each holding the whole global batch:
+
+- the update shares the carrying rows among the ranks (the plan's workers are the ranks, one
+  thread each), every micro-batch keeping the whole batch's divisors; the gradients are summed
+  over the ranks by FSDP and the loss, the metrics and the gradient norm are global, the same
+  on every rank and equal to one process's (`update.accumulate_gradients`);
+- the no-grad forwards (`policy_logprobs`, `reference_logprobs`, `values`) and the critic's
+  step run the whole batch on every rank (a sharded forward is a collective: every rank must
+  run the same calls), so their results are the same on every rank;
+- `state_dict()` gathers the full weights, on every rank, for that rank's rollout copy.
+
+Sharded forwards take whole logits and a prompt per row: the chunked head and the
+shared-prompt forward call the decoder outside the root module's FSDP hooks, which leaves the
+root's parameters sharded (`logprob_chunk_tokens` and `share_prompt_forward` are ignored there).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +31,11 @@ from rlvr.models.lora import adapters_disabled
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.config import StepPlan
+from rlvr.train.distributed import full_state_dict, lost_rank_as_error
 from rlvr.train.reference import check_reference_sync, sync_reference
 from rlvr.train.state import TrainState
 from rlvr.train.update import (
+    UpdateResult,
     UpdateWork,
     accumulate_gradients,
     critic_step,
@@ -44,17 +60,33 @@ class Learner:
     """Owns `state`'s models and optimizers; every switch it obeys comes resolved in `plan`."""
 
     def __init__(self, state: TrainState, plan: StepPlan) -> None:
-        """Raises ValueError when `plan` syncs a reference that is a LoRA policy's base."""
+        """Raises ValueError when `plan` syncs a reference that is a LoRA policy's base, or
+        when a sharded state's plan has not one worker per rank."""
         check_reference_sync(state.reference_is_base, plan.ref_sync_every)
+        if state.sharded and plan.workers != state.world_size:
+            raise ValueError(
+                f"a learner sharded over {state.world_size} ranks plans one worker per rank: "
+                f"build_plan(config, workers={state.world_size}), not workers={plan.workers}"
+            )
         self.state, self.plan = state, plan
+        self.chunk_tokens = 0 if state.sharded else plan.logprob_chunk_tokens
 
     @property
     def policy(self) -> torch.nn.Module:
         return self.state.policy
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights, for a rollout engine that holds its own copy."""
-        return self.state.policy.state_dict()
+        """The policy's weights, for a rollout engine that holds its own copy. Sharded: the
+        full weights gathered once per call (a collective: every rank calls it), the same on
+        every rank (`distributed.full_state_dict`)."""
+        with self._ranks("gathering the weights"):
+            return full_state_dict(self.state.policy)
+
+    def _ranks(self, what: str) -> contextlib.AbstractContextManager:
+        """Sharded: a rank lost during `what` raises `WorkerError` naming it; else nothing."""
+        if self.state.dist_ctx is None or not self.state.sharded:
+            return contextlib.nullcontext()
+        return lost_rank_as_error(self.state.dist_ctx, what)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -62,11 +94,12 @@ class Learner:
 
         A LoRA policy's reference is the policy itself with its adapters disabled, in eval mode
         (as a frozen copy would be); its train/eval mode is restored after."""
-        temperature, chunk = self.plan.sampling.temperature, self.plan.logprob_chunk_tokens
+        temperature, chunk = self.plan.sampling.temperature, self.chunk_tokens
         if self.state.reference is not None:
-            return completion_logprobs(
-                self.state.reference, *batch.model_inputs(), temperature, chunk_tokens=chunk
-            )
+            with self._ranks("the reference's forward"):
+                return completion_logprobs(
+                    self.state.reference, *batch.model_inputs(), temperature, chunk_tokens=chunk
+                )
         if not self.state.reference_is_base:
             return None
         policy = self.state.policy
@@ -86,19 +119,21 @@ class Learner:
         (pi_old), in training mode as the loss's forward pass runs: the denominator of the
         rollout correction's importance ratio against the engine's behaviour log-probs."""
         self.state.policy.train()
-        return completion_logprobs(
-            self.state.policy,
-            *batch.model_inputs(),
-            self.plan.sampling.temperature,
-            chunk_tokens=self.plan.logprob_chunk_tokens,
-        )
+        with self._ranks("the policy's forward"):
+            return completion_logprobs(
+                self.state.policy,
+                *batch.model_inputs(),
+                self.plan.sampling.temperature,
+                chunk_tokens=self.chunk_tokens,
+            )
 
     @torch.no_grad()
     def values(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[N, T] the critic's values of the sampled tokens; None without a critic."""
         if self.state.critic is None:
             return None
-        return self.state.critic(*batch.model_inputs())
+        with self._ranks("the critic's forward"):
+            return self.state.critic(*batch.model_inputs())
 
     def plan_update(self, data: UpdateBatch) -> UpdateWork:
         """Which rows carry a gradient and how they split into micro-batches per worker."""
@@ -110,7 +145,7 @@ class Learner:
             skip_zero_advantage=self.plan.skip_zero_advantage,
             workers=self.plan.workers,
             micro_batch_tokens=self.plan.micro_batch_tokens,
-            share_prompts=self.plan.share_prompts,
+            share_prompts=self.plan.share_prompts and not self.state.sharded,
         )
 
     def policy_step(self, data: UpdateBatch, work: UpdateWork, timer: StepTimer) -> dict:
@@ -118,24 +153,14 @@ class Learner:
         loss or gradient made it skip the step."""
         state, plan = self.state, self.plan
         state.optimizer.zero_grad(set_to_none=True)
-        result = accumulate_gradients(
-            state.policy,
-            data.rollout,
-            work,
-            data.advantages,
-            data.loss_mask,
-            data.ref_logp,
-            plan.loss_fn,
-            plan.sampling.temperature,  # the loss scores the distribution sampled from
-            plan.workers,
-            logprob_chunk_tokens=plan.logprob_chunk_tokens,
-        )
-        timer.add("forward", result.forward_s)
-        timer.add("backward", result.backward_s)
-        with timer("optimizer"):
-            grad_norm, stepped = optimizer_step(
-                state.policy, state.optimizer, plan.grad_clip, result.loss
-            )
+        with self._ranks("the policy update"):
+            result = self._accumulate(data, work)
+            timer.add("forward", result.forward_s)
+            timer.add("backward", result.backward_s)
+            with timer("optimizer"):
+                grad_norm, stepped = optimizer_step(
+                    state.policy, state.optimizer, plan.grad_clip, result.loss
+                )
         metrics = {
             **result.metrics,
             "loss": result.loss,
@@ -149,11 +174,30 @@ class Learner:
             metrics["update/nonfinite"] = 1.0
         return metrics
 
+    def _accumulate(self, data: UpdateBatch, work: UpdateWork) -> UpdateResult:
+        """The gradients of one pass over the batch: worker threads in one process, this
+        rank's share of `work` when sharded."""
+        state, plan = self.state, self.plan
+        return accumulate_gradients(
+            state.policy,
+            data.rollout,
+            work,
+            data.advantages,
+            data.loss_mask,
+            data.ref_logp,
+            plan.loss_fn,
+            plan.sampling.temperature,  # the loss scores the distribution sampled from
+            plan.workers,
+            logprob_chunk_tokens=plan.logprob_chunk_tokens,
+            dist_ctx=state.dist_ctx,
+        )
+
     def critic_step(self, data: UpdateBatch, timer: StepTimer) -> dict[str, float]:
-        """One step of PPO's value model on the batch."""
+        """One step of PPO's value model on the batch (sharded: the whole batch on every rank,
+        the gradients averaged over the ranks: the same gradient)."""
         assert self.state.critic is not None and self.state.critic_optimizer is not None
         assert data.values is not None and data.returns is not None
-        with timer("critic"):
+        with timer("critic"), self._ranks("the critic's update"):
             return critic_step(
                 self.state.critic,
                 self.state.critic_optimizer,

@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
+from rlvr.config import ConfigError
 from rlvr.models.lora import is_lora
 from rlvr.models.value import ValueModel
+from rlvr.train.distributed import DistContext, shard_model
 
 
 @dataclass
@@ -21,7 +23,11 @@ class TrainState:
     with its adapters disabled (its frozen base *is* the initial policy; no copy is made).
     `critic` and `critic_optimizer` exist only for PPO (`advantage_estimator="gae"`). `step`
     is the last completed step and `data_position` the training rows consumed so far (a
-    resumed run skips that many)."""
+    resumed run skips that many).
+
+    `dist_ctx`: the torch.distributed ranks the models are sharded over (FSDP2, `sharded`);
+    None or one rank: one process, nothing sharded. It is where the state lives, not state:
+    checkpoints do not save it."""
 
     policy: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -33,6 +39,17 @@ class TrainState:
     step: int = 0
     data_position: int = 0
     reference_is_base: bool = False
+    dist_ctx: DistContext | None = None
+
+    @property
+    def sharded(self) -> bool:
+        """The models are FSDP2 modules over more than one rank."""
+        return self.dist_ctx is not None and self.dist_ctx.sharded
+
+    @property
+    def world_size(self) -> int:
+        """The ranks the models are sharded over (1: one process)."""
+        return self.dist_ctx.world_size if self.dist_ctx is not None else 1
 
     def modules(self) -> dict[str, torch.nn.Module]:
         """The models with weights, by checkpoint name; absent ones left out."""
@@ -58,23 +75,46 @@ def build_state(
     warmup_steps: int = 0,
     reference: bool = False,
     critic_lr: float | None = None,
+    dist_ctx: DistContext | None = None,
 ) -> TrainState:
     """A fresh state: AdamW on the policy's trainable parameters (a LoRA policy's adapters) with
     a linear warm-up to a constant LR, the sampling generator and torch's global RNG seeded with
     `seed`, a reference when `reference` (a frozen copy of the policy; for a LoRA policy its
-    base, with no copy), and a value model with its own AdamW when `critic_lr` is set."""
+    base, with no copy), and a value model with its own AdamW when `critic_lr` is set.
+
+    With `dist_ctx` over more than one rank the policy is sharded in place (`shard_model`,
+    gradients summed over the ranks); the reference and the critic are copied from it first
+    (a sharded model cannot be deep-copied into a plain one) and sharded the same way (the
+    critic's gradients averaged: every rank trains it on the whole batch); the optimizers are
+    built last, over the sharded parameters (each rank's AdamW holds its shards' moments).
+    The random streams are drawn in the same order as in one process. A LoRA policy is refused
+    there (`ConfigError`): its adapter-only checkpoints and disabled-adapter reference are not
+    built for sharded weights."""
+    sharded = dist_ctx is not None and dist_ctx.sharded
+    if sharded and is_lora(policy):
+        raise ConfigError(
+            "LoRA with more than one torch.distributed rank is not supported: run LoRA in one "
+            "process (drop torchrun / --nproc-per-node) or train the full model"
+        )
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
+    frozen = None
+    if reference and not is_lora(policy):
+        frozen = copy.deepcopy(policy).eval().requires_grad_(False)
+    critic = ValueModel(policy) if critic_lr is not None else None
+    if sharded:
+        assert dist_ctx is not None
+        shard_model(policy, dist_ctx, sum_gradients=True)
+        for model in (frozen, critic):
+            if model is not None:
+                shard_model(model, dist_ctx)
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
     warmup = max(1, warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
-    state = TrainState(policy, optimizer, scheduler, generator)
-    if reference and is_lora(policy):
-        state.reference_is_base = True
-    elif reference:
-        state.reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    if critic_lr is not None:
-        state.critic = ValueModel(policy)
-        state.critic_optimizer = torch.optim.AdamW(state.critic.parameters(), lr=critic_lr)
+    state = TrainState(policy, optimizer, scheduler, generator, dist_ctx=dist_ctx)
+    state.reference, state.reference_is_base = frozen, reference and is_lora(policy)
+    if critic is not None:
+        state.critic = critic
+        state.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=critic_lr)
     return state

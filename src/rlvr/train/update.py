@@ -3,8 +3,9 @@
 `plan_update_work` decides once per step which rows carry a gradient, how they are shared among
 the CPU workers and cut into micro-batches, and the divisors every micro-batch's loss keeps;
 `accumulate_gradients` runs that plan and leaves in each parameter's `.grad` the gradient of
-one pass over the whole batch; `optimizer_step` clips and steps (or refuses a NaN/Inf);
-`critic_step` is PPO's value update.
+one pass over the whole batch (on torch.distributed ranks, rank r runs worker r's share under
+FSDP2); `optimizer_step` clips and steps (or
+refuses a NaN/Inf); `critic_step` is PPO's value update.
 
 Micro-batches by a padded-token budget: a forward pass over a padded batch costs
 rows x (longest prompt + longest completion) tokens. Sorting rows by length before splitting
@@ -28,7 +29,11 @@ from rlvr import algo
 from rlvr.models.logprobs import completion_logprobs, completion_logprobs_shared_prompts
 from rlvr.models.value import ValueModel
 from rlvr.rollout.sampler import RolloutBatch
+from rlvr.train.distributed import DistContext, all_reduce_sum, full_tensor, lost_rank_as_error
 from rlvr.workers import balanced_shards, map_in_threads
+
+NOTHING_TO_RUN = {"policy/clip_frac": 0.0, "policy/approx_kl": 0.0}
+"""The policy/* metrics of a step in which no row carries a gradient."""
 
 
 def token_budget_micro_batches(
@@ -269,41 +274,45 @@ def accumulate_gradients(
     temperature: float,
     workers: int,
     logprob_chunk_tokens: int = 0,
+    dist_ctx: DistContext | None = None,
 ) -> UpdateResult:
     """Set every trainable parameter's `.grad` to the gradient of the step's loss, run as
     `work` plans it: each worker's micro-batches in its own thread, gradients summed per worker
     and then across workers in worker order (deterministic). With nothing to run, the gradients
     are zeros (the optimizer still steps: Adam's moments decay). The log-probs' head runs
-    `logprob_chunk_tokens` completion tokens at a time (0: whole logits; `completion_logprobs`)."""
+    `logprob_chunk_tokens` completion tokens at a time (0: whole logits; `completion_logprobs`).
+    A `dist_ctx` of more than one rank runs this rank's share instead (`_rank_gradients`)."""
+    if dist_ctx is not None and dist_ctx.sharded:
+        per_token = (advantages, loss_mask, ref_logp)
+        return _rank_gradients(policy, batch, work, per_token, loss_fn, temperature, dist_ctx)
     params = [p for p in policy.parameters() if p.requires_grad]
     if not work.parts:
         for p in params:
             p.grad = torch.zeros_like(p)
-        return UpdateResult(0.0, {"policy/clip_frac": 0.0, "policy/approx_kl": 0.0})
+        return UpdateResult(0.0, dict(NOTHING_TO_RUN))
 
     def shard_gradients(shard: list[torch.Tensor]) -> tuple[list, UpdateResult]:
         grads, result = None, UpdateResult(0.0, {})
         for part in shard:
-            cols, (old, adv, mask, ref) = _micro_batch(
-                batch, part, not work.whole, batch.logprobs, advantages, loss_mask, ref_logp
-            )
             t_fwd = time.perf_counter()
-            if work.shared_prompts:  # each group's prompt runs once; same values and gradients
-                logp = completion_logprobs_shared_prompts(
-                    policy, *cols, batch.group_ids[part], temperature, logprob_chunk_tokens
-                )
-            else:
-                logp = completion_logprobs(policy, *cols, temperature, logprob_chunk_tokens)
-            loss, metrics = loss_fn(logp, old, adv, mask, ref_logp=ref, **work.divisors)
+            loss, metrics, mask = _part_loss(
+                policy,
+                batch,
+                part,
+                not work.whole,
+                (advantages, loss_mask, ref_logp),
+                loss_fn,
+                temperature,
+                work.divisors,
+                work.shared_prompts,
+                logprob_chunk_tokens,
+            )
             t_bwd = time.perf_counter()
             part_grads = torch.autograd.grad(loss, params, allow_unused=True)
             result.forward_s += t_bwd - t_fwd
             result.backward_s += time.perf_counter() - t_bwd
             grads = part_grads if grads is None else [_add(a, b) for a, b in zip(grads, part_grads)]
-            result.loss += loss.item()
-            weight = mask.sum().item() / work.carried_tokens
-            for key, value in metrics.items():  # token-weighted over the rows that carry
-                result.metrics[key] = result.metrics.get(key, 0.0) + weight * value
+            _record(result, loss.item(), metrics, mask.sum().item() / work.carried_tokens)
         return grads, result
 
     t0 = time.perf_counter()
@@ -322,14 +331,81 @@ def accumulate_gradients(
     return total
 
 
+def _rank_gradients(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    work: UpdateWork,
+    per_token: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    loss_fn: LossFn,
+    temperature: float,
+    ctx: DistContext,
+) -> UpdateResult:
+    """`accumulate_gradients` on torch.distributed ranks: the same `.grad` (now each rank's
+    shard of it) and the same loss and metrics, identical on every rank. `per_token` is
+    (advantages, loss mask, reference log-probs).
+
+    Every rank holds the whole batch and the same `work`, planned with one worker per rank:
+    rank r runs `work.shards[r]`, a micro-batch at a time, through `loss.backward()` (FSDP2's
+    hooks reduce-scatter the gradient into each rank's shard, summed over the ranks: the policy
+    is sharded with `sum_gradients`). Each micro-batch's loss keeps the whole batch's divisors
+    (`work.divisors`, computed from the whole batch's loss mask: global, not the rank's), so
+    the sum over micro-batches and ranks is the gradient of one pass over the batch.
+
+    FSDP's collectives must match across ranks, so every rank runs as many passes as the rank
+    with the most micro-batches (at least one); a rank with fewer (or no rows) runs zero-weight
+    passes: a real one-row micro-batch whose loss is multiplied by 0.0. The loss and the
+    token-weighted policy/* metrics are summed over the ranks (`all_reduce_sum`); their weights
+    divide by `work.carried_tokens`, the whole batch's carrying tokens. The forward passes take
+    whole logits with a prompt per row: the chunked head and the shared-prompt forward call the
+    decoder outside the root module's FSDP hooks (`Learner.plan_update` plans accordingly)."""
+    assert not work.shared_prompts, "plan a sharded update with share_prompts=False"
+    mine = work.shards[ctx.rank] if ctx.rank < len(work.shards) else []
+    passes = max([1] + [len(shard) for shard in work.shards])
+    filler = per_token[1].sum(dim=1).argmax().view(1)  # a row with loss tokens: a finite loss
+    result = UpdateResult(0.0, {})
+    with lost_rank_as_error(ctx, "the policy update"):
+        for i in range(passes):
+            real = i < len(mine)
+            t_fwd = time.perf_counter()
+            loss, metrics, mask = _part_loss(
+                policy,
+                batch,
+                mine[i] if real else filler,
+                not (real and work.whole),
+                per_token,
+                loss_fn,
+                temperature,
+                work.divisors or {"num_tokens": 1.0, "num_seqs": 1.0},  # finite on one row
+            )
+            t_bwd = time.perf_counter()
+            (loss if real else loss * 0.0).backward()
+            result.forward_s += t_bwd - t_fwd
+            result.backward_s += time.perf_counter() - t_bwd
+            if real:
+                _record(result, loss.item(), metrics, mask.sum().item() / work.carried_tokens)
+            else:  # the same keys on every rank for the all-reduce, adding nothing
+                _record(result, 0.0, dict.fromkeys(metrics, 0.0), 0.0)
+    for p in policy.parameters():
+        if p.requires_grad and p.grad is None:  # as accumulate_gradients: zeros, not None
+            p.grad = torch.zeros_like(p)
+    if not work.parts:
+        return UpdateResult(0.0, dict(NOTHING_TO_RUN), result.forward_s, result.backward_s)
+    summed = all_reduce_sum({"loss": result.loss, **result.metrics}, ctx)
+    loss = summed.pop("loss")
+    return UpdateResult(loss, summed, result.forward_s, result.backward_s)
+
+
 def optimizer_step(
     policy: torch.nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float, loss: float
 ) -> tuple[torch.Tensor, bool]:
     """Clip the gradient's global norm to `grad_clip` and step; returns (the norm before
     clipping, whether the optimizer stepped). A NaN/Inf loss or norm would poison the weights
     and Adam's moments: the step is skipped and the gradients cleared (the loop counts such
-    steps and stops after `max_nonfinite_steps` in a row)."""
+    steps and stops after `max_nonfinite_steps` in a row). On sharded gradients (FSDP2) the norm
+    is the global one, the same on every rank, and so with the global `loss` is the decision to
+    skip."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
+    grad_norm = full_tensor(grad_norm)  # sharded gradients: the norm over every rank's shards
     if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
         return grad_norm, False
@@ -356,6 +432,40 @@ def critic_step(
     torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip)
     optimizer.step()
     return metrics
+
+
+def _part_loss(
+    policy: torch.nn.Module,
+    batch: RolloutBatch,
+    part: torch.Tensor,
+    trim: bool,
+    per_token: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    loss_fn: LossFn,
+    temperature: float,
+    divisors: dict[str, float],
+    shared_prompts: bool = False,
+    logprob_chunk_tokens: int = 0,
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
+    """(loss, metrics, loss mask) of micro-batch `part`; `per_token` is (advantages, loss mask,
+    reference log-probs), cut to the micro-batch's rows and columns with the sampling
+    log-probs (`_micro_batch`). The loss divides by `divisors` (empty: its own counts)."""
+    cols, (old, adv, mask, ref) = _micro_batch(batch, part, trim, batch.logprobs, *per_token)
+    if shared_prompts:  # each group's prompt runs once; same values and gradients
+        logp = completion_logprobs_shared_prompts(
+            policy, *cols, batch.group_ids[part], temperature, logprob_chunk_tokens
+        )
+    else:
+        logp = completion_logprobs(policy, *cols, temperature, logprob_chunk_tokens)
+    loss, metrics = loss_fn(logp, old, adv, mask, ref_logp=ref, **divisors)
+    return loss, metrics, mask
+
+
+def _record(result: UpdateResult, loss: float, metrics: dict[str, float], weight: float) -> None:
+    """Add one micro-batch's loss, and its metrics times `weight` (its share of the carrying
+    tokens: the metrics are token-weighted over the rows that carry), into `result`."""
+    result.loss += loss
+    for key, value in metrics.items():
+        result.metrics[key] = result.metrics.get(key, 0.0) + weight * value
 
 
 def _add(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
