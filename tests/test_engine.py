@@ -65,7 +65,10 @@ def test_batch_from_token_lists_masks_end_at_eos_or_at_the_row_length():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not vllm_available(), reason="vLLM engine needs vLLM and a CUDA GPU")
+@pytest.mark.skipif(
+    not (torch.cuda.is_available() and vllm_available()),
+    reason="vLLM on a GPU (its CPU build runs tests/test_vllm.py: scripts/vllm_check.sh)",
+)
 def test_vllm_engine_matches_a_plain_forward_pass(tmp_path):
     from rlvr.models.tiny import save_model
 

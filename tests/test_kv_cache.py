@@ -48,3 +48,23 @@ def test_decode_cache_is_preallocated_for_full_attention_models_only():
     assert not any(isinstance(x, PreallocatedLayer) for x in decode_cache(model, 16, False).layers)
     model.config.sliding_window = 8  # a windowed model keeps Hugging Face's own cache
     assert not any(isinstance(x, PreallocatedLayer) for x in decode_cache(model, 16).layers)
+
+
+def test_the_cache_goes_by_the_name_the_forward_takes():
+    """transformers 5.24 names the forward's KV cache `cache`; earlier 5.x (vLLM's CPU build
+    pins < 5.20) `past_key_values`, and swallows a wrong name in **kwargs without a word."""
+    from rlvr.models.logprobs import cache_argument
+
+    class Older(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+    class Newer(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs): ...
+
+    class Wrapper(torch.nn.Module):
+        def forward(self, **kwargs): ...
+
+    marker = object()
+    assert cache_argument(Older(), marker) == {"past_key_values": marker}
+    assert cache_argument(Newer(), marker) == {"cache": marker}
+    assert cache_argument(Wrapper(), marker) == {"cache": marker}

@@ -6,7 +6,6 @@ to start); the tests that change its weights load the original ones back.
 """
 
 import copy
-import inspect
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from vllm.platforms import current_platform  # noqa: E402
 if not current_platform.is_cpu():
     pytest.skip("these checks are for vLLM's CPU build", allow_module_level=True)
 
-from transformers import LlamaForCausalLM  # noqa: E402
 
 from rlvr.config import UserError  # noqa: E402
 from rlvr.models.logprobs import completion_logprobs  # noqa: E402
@@ -37,7 +35,6 @@ EOS = TOKENIZER.eos_token_id
 SHAPE = TinyModelConfig(hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256)
 # the first prompt is longer than a KV block (128 tokens on the CPU): vLLM caches its prefix
 PROMPTS = ["Add the two numbers and write their sum. " * 4 + "12+34=", "5+6=", "100-7=", "9*9="]
-HF_TAKES_CACHE = "cache" in inspect.signature(LlamaForCausalLM.forward).parameters
 
 
 @pytest.fixture(scope="module")
@@ -131,13 +128,6 @@ def test_greedy_equals_greedy_by_full_forward_passes(setup):
     assert max_logprob_gap(policy, batch, 1.0) <= 1e-5
 
 
-@pytest.mark.xfail(
-    not HF_TAKES_CACHE,
-    strict=True,
-    reason="rlvr's sampler passes `cache=`, a forward argument only from transformers 5.24 "
-    "(`past_key_values` before; vLLM's CPU build needs < 5.20): HFEngine decodes without its "
-    "KV cache here",
-)
 def test_greedy_equals_hf_engine_greedy(setup):
     engine, policy = setup
     ours = sample(engine, 0.0, seed=0, num_samples=2)

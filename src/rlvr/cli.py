@@ -22,6 +22,7 @@ from rlvr.pipelines.sft import SFTConfig, run_sft  # noqa: E402
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
 from rlvr.tasks.reasoning import ReasoningTaskConfig  # noqa: E402
 from rlvr.train.config import GRPOConfig  # noqa: E402
+from rlvr.workers import WorkerError  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -357,7 +358,9 @@ def main(argv: list[str] | None = None) -> None:
     A user error (`rlvr.config.UserError`: an unknown task, key or recipe, a wrong type, a
     malformed file, a missing model directory, an existing run directory) prints one line
     `rlvr: error: ...` to stderr and exits 2. `--debug` (anywhere on the line) or
-    `RLVR_DEBUG=1` shows the exception with its traceback instead.
+    `RLVR_DEBUG=1` shows the exception with its traceback instead. A worker lost in another
+    process (`rlvr.workers.WorkerError`) prints its name, the last checkpoint and the resume
+    command on one line and exits 1.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("RLVR_DEBUG", "") not in ("", "0")
@@ -370,6 +373,11 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(str(exc).split())
         print(f"rlvr: error: {message}", file=sys.stderr)
         raise SystemExit(2) from None
+    except WorkerError as exc:  # a lost worker: its name and the last checkpoint, exit 1
+        if debug:
+            raise
+        print(f"rlvr: error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:
         print("[rlvr] interrupted", file=sys.stderr)
         raise SystemExit(130) from None

@@ -16,6 +16,10 @@ Two ways to the log-probs, the same values (to float rounding) and gradients:
 
 from __future__ import annotations
 
+import functools
+import inspect
+from typing import Any
+
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import DynamicCache, PreTrainedModel
@@ -91,6 +95,24 @@ def completion_logprobs(
     return token_logprobs(logits, completion_ids, temperature)
 
 
+def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """`{name: cache}` for `model`'s forward: `cache` (transformers >= 5.24) or
+    `past_key_values` (earlier 5.x, e.g. the < 5.20 that vLLM's CPU build pins), whichever its
+    forward (a PEFT model's base model's) takes. A wrong name is swallowed by the forward's
+    `**kwargs` without a word, and the pass then runs without its KV cache."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_keyword(type(base)): cache}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    """`past_key_values` only for a forward that names it and not `cache` (a wrapper taking
+    `**kwargs` passes the current name on)."""
+    parameters = inspect.signature(model_class.forward).parameters
+    older = "past_key_values" in parameters and "cache" not in parameters
+    return "past_key_values" if older else "cache"
+
+
 def completion_logprobs_shared_prompts(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,  # [N, P] left-padded
@@ -152,7 +174,7 @@ def completion_logprobs_shared_prompts(
             input_ids=completion_ids[:, :steps],
             attention_mask=torch.cat([prompt_mask, completion_mask[:, :steps].long()], dim=1),
             position_ids=positions,
-            cache=cache,
+            **cache_argument(run, cache),
             use_cache=True,
         )
         states = torch.cat([states, _last_states(rest, split)], dim=1)

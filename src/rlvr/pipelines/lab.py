@@ -41,6 +41,12 @@ from rlvr.pipelines.common import (
     user_task,
     with_lora,
 )
+from rlvr.pipelines.engines import (
+    RolloutPlacement,
+    build_engine,
+    check_placement,
+    close_engine,
+)
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.stats import format_interval, wilson_interval
@@ -122,6 +128,16 @@ class LabConfig:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters on the policy (`--lora.rank 16`): only they train; with beta > 0 the
     reference is the same model with its adapters off (no second copy)."""
+    rollout: Annotated[RolloutPlacement, tyro.conf.OmitArgPrefixes] = field(
+        default_factory=RolloutPlacement
+    )
+    """Where rollouts are sampled (flags without a prefix): `--engine hf|vllm` (vLLM: `pip
+    install vllm` on a GPU machine, or its CPU build in a venv of its own,
+    scripts/vllm_check.sh); `--ray --rollout-workers N` samples on N Ray actors, each with its
+    own copy of the policy and the weights pushed after every update (`pip install
+    'rlvr[ray]'`; a local Ray on 127.0.0.1 unless `--ray-address auto|HOST:PORT` joins one
+    started with `ray start --head`); `--placement separate|colocated`, `--weight-transport
+    object-store|nccl` (GPUs only)."""
 
 
 def recipe_lab_config(recipe: str) -> LabConfig:
@@ -178,6 +194,7 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
         check_reference_sync(base_reference, config.grpo.ref_sync_every)
     except ValueError as exc:
         raise ConfigError(f"--lora.rank {config.lora.rank}: {exc}") from exc
+    check_placement(config.rollout, config.lora.enabled)
     assert config.grpo.max_new_tokens is not None  # filled by _resolve
     if config.grpo.max_new_tokens < task.min_new_tokens:
         raise ConfigError(
@@ -186,8 +203,18 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
         )
 
 
-RESUME_FREE = ("resume", "runs_dir", "run_name", "progress", "overwrite", "device", "dtype")
-"""Fields that a resume takes from the call, not from the saved config.yaml."""
+RESUME_FREE = (
+    "resume",
+    "runs_dir",
+    "run_name",
+    "progress",
+    "overwrite",
+    "device",
+    "dtype",
+    "rollout",
+)
+"""Fields that a resume takes from the call, not from the saved config.yaml (where the run
+samples may change: a resume on Ray workers continues a run begun in one process)."""
 
 
 def resume_config(config: LabConfig) -> LabConfig:
@@ -346,21 +373,34 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
     train_rows = format_rows(
         tokenizer, task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET), *template
     )
-    rl_start = time.perf_counter()
-    records = train_grpo(
+    engine = build_engine(
+        config.rollout,
         model,
         tokenizer,
-        train_rows,
-        [reward_fn],
-        config.grpo,
-        run,
-        evaluate,
-        seed=config.seed,
-        progress=config.progress,
-        strict_reward_fn=task.reward_fn,
-        resume=resume,
-        initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
+        base_dir,
+        precision,
+        config.seed,
+        config.grpo.worker_timeout_s,
     )
+    rl_start = time.perf_counter()
+    try:
+        records = train_grpo(
+            model,
+            tokenizer,
+            train_rows,
+            [reward_fn],
+            config.grpo,
+            run,
+            evaluate,
+            seed=config.seed,
+            progress=config.progress,
+            strict_reward_fn=task.reward_fn,
+            resume=resume,
+            engine=engine,
+            initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
+        )
+    finally:
+        close_engine(engine)
     rl_seconds = time.perf_counter() - rl_start
 
     # --- report ----------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from rlvr.devices import generator_on
-from rlvr.models.logprobs import position_ids_from_mask
+from rlvr.models.logprobs import cache_argument, position_ids_from_mask
 from rlvr.rollout.kv_cache import decode_cache
 from rlvr.workers import map_in_threads
 
@@ -121,7 +121,7 @@ def sample_completions(
         input_ids=prefill_ids,
         attention_mask=prefill_mask,
         position_ids=position_ids_from_mask(prefill_mask),
-        cache=cache,
+        **cache_argument(model, cache),
         use_cache=True,
         logits_to_keep=1,
     )
@@ -162,7 +162,7 @@ def sample_completions(
             input_ids=token[:, None],
             attention_mask=attention_mask,
             position_ids=next_position,
-            cache=cache,
+            **cache_argument(model, cache),
             use_cache=True,
         )
         logits = out.logits[:, -1, :].float()
