@@ -72,13 +72,13 @@ def import_ray():
 def start_ray(
     address: str | None, num_cpus: int | None = None, temp_dir: str | None = None
 ) -> bool:
-    """Join the Ray cluster at `address` ("auto", host:port or ray://host:port), or start a
-    local one bound to 127.0.0.1 only when `address` is None. Does nothing when Ray is already
-    initialised in this process. Returns whether this call initialised Ray, i.e. whether the
-    caller should `ray.shutdown()` when done. Ray's own logging is turned down to errors and
-    the actors' output stays in Ray's log files (`<temp_dir>/session_latest/logs/`); what goes
-    wrong in an actor comes back as the exception of the call. `num_cpus` and `temp_dir` apply
-    to a local cluster only."""
+    """Join the Ray cluster at `address` ("auto": the one `ray start --head` started on this
+    machine; or host:port), or start a local one bound to 127.0.0.1 only when `address` is
+    None. Does nothing when Ray is already initialised in this process. Returns whether this
+    call initialised Ray, i.e. whether the caller should `ray.shutdown()` when done. Ray's own
+    logging is turned down to errors and the actors' output stays in Ray's log files
+    (`<temp_dir>/session_latest/logs/`); what goes wrong in an actor comes back as the
+    exception of the call. `num_cpus` and `temp_dir` apply to a local cluster only."""
     ray = import_ray()
     if ray.is_initialized():
         return False
@@ -94,12 +94,27 @@ def start_ray(
                 **quiet,
             )
         return True
-    _check_reachable(ray, address)
+    host_port = _reachable_address(ray, address)
+    on_loopback = host_port.rpartition(":")[0] in ("127.0.0.1", "localhost", "[::1]")
     try:
-        ray.init(address=address, **quiet)
+        with _loopback_only(ray) if on_loopback else contextlib.nullcontext():
+            ray.init(address=address, **quiet)  # as given: Ray treats "auto" apart (auth)
     except (ConnectionError, RuntimeError) as err:
-        raise RayEngineError(f"--ray-address {address}: {_first_line(err)}") from err
+        raise RayEngineError(f"--ray-address {address}: {_join_problem(err)}") from err
     return True
+
+
+def _join_problem(err: BaseException) -> str:
+    """What went wrong joining a cluster, in a line. Ray 2.60 authenticates with a token by
+    default, and joins by an explicit address only with RAY_AUTH_MODE=token set."""
+    text = " ".join(str(e) for e in (err, err.__cause__, err.__context__) if e is not None)
+    if "InvalidAuthToken" in text or "AuthenticationError" in text:
+        return (
+            "the cluster refused this process's authentication token; set RAY_AUTH_MODE=token "
+            "(and RAY_AUTH_TOKEN, or the head's ~/.ray/auth_token), or use --ray-address auto "
+            "on the head's machine"
+        )
+    return _first_line(err)
 
 
 @contextlib.contextmanager
@@ -122,19 +137,21 @@ def _loopback_only(ray) -> Iterator[None]:
             os.environ[name] = before_env
 
 
-def _check_reachable(ray, address: str, timeout_s: float = 5.0) -> None:
-    """A `RayEngineError` unless something accepts a TCP connection at `address` (Ray itself
-    retries an unreachable address for minutes)."""
+def _reachable_address(ray, address: str, timeout_s: float = 5.0) -> str:
+    """host:port of the cluster `address` names ("auto" looked up as Ray does; a cluster on
+    127.0.0.1 kept there), or a one-line `RayEngineError` unless something accepts a TCP
+    connection there (Ray itself retries an unreachable address for minutes)."""
     try:
-        if address == "auto":
-            address = ray._private.services.canonicalize_bootstrap_address_or_die("auto")
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+        with _loopback_only(ray):  # Ray's lookup would turn 127.0.0.1 into the external address
+            host_port = ray._private.services.canonicalize_bootstrap_address_or_die(address)
+        host, _, port = host_port.rpartition(":")
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except (ConnectionError, OSError, ValueError) as err:
         raise RayEngineError(
             f"--ray-address {address}: no Ray cluster answers there ({_first_line(err)}); "
             "start one with `ray start --head`, or leave --ray-address out to start a local one"
         ) from err
+    return host_port
 
 
 def _first_line(err: BaseException) -> str:
