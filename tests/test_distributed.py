@@ -120,8 +120,15 @@ def _update_case(name: str, ctx: DistContext) -> dict:
 
 def _critic_case(ctx: DistContext) -> dict:
     """A KL-regularised step with a reference and a critic: the no-grad forwards, the policy
-    and critic steps, the weights after."""
-    config = GRPOConfig(max_new_tokens=7, group_size=2, beta=0.1, micro_batch_tokens=40)
+    and critic steps, a reference sync, the weights after."""
+    config = GRPOConfig(
+        max_new_tokens=7,
+        group_size=2,
+        beta=0.1,
+        micro_batch_tokens=40,
+        ref_sync_every=1,
+        ref_sync_alpha=0.5,
+    )
     state = build_state(_model(), seed=0, lr=LR, reference=True, critic_lr=LR, dist_ctx=ctx)
     learner = Learner(state, build_plan(config, ctx.world_size))
     batch = _batch()
@@ -135,8 +142,10 @@ def _critic_case(ctx: DistContext) -> dict:
     data = UpdateBatch(batch, advantages, batch.completion_mask, out["ref"], out["values"], returns)
     out["metrics"] = learner.policy_step(data, learner.plan_update(data), StepTimer())
     out["metrics"] |= learner.critic_step(data, StepTimer())
+    learner.sync_reference(step=1)  # halfway to the policy
     out["weights"] = learner.state_dict()
     out["critic"] = full_state_dict(state.critic)
+    out["reference"] = full_state_dict(state.reference)
     return out
 
 
@@ -186,17 +195,23 @@ def _resume_case(ctx: DistContext, directory: Path) -> dict:
         _train_step(learner, state, batch, step)
     save_checkpoint(directory, state, keep_last=1)
     _train_step(learner, state, batch, 3)
-    uninterrupted = (
-        learner.state_dict(),
-        _full_optimizer_state(state),
-        state.scheduler.get_last_lr(),
-    )
+    uninterrupted = _after_step(learner, state)
 
     state, learner = fresh(1)
     load_checkpoint(latest_checkpoint(directory), state)
     _train_step(learner, state, batch, 3)
-    resumed = (learner.state_dict(), _full_optimizer_state(state), state.scheduler.get_last_lr())
-    return {"uninterrupted": uninterrupted, "resumed": resumed}
+    return {"uninterrupted": uninterrupted, "resumed": _after_step(learner, state)}
+
+
+def _after_step(learner: Learner, state: TrainState) -> tuple:
+    """(every model's full weights, the policy's full optimizer state, the learning rate)."""
+    assert state.reference is not None and state.critic is not None
+    weights = {
+        "policy": learner.state_dict(),
+        "reference": full_state_dict(state.reference),
+        "critic": full_state_dict(state.critic),
+    }
+    return weights, _full_optimizer_state(state), state.scheduler.get_last_lr()
 
 
 def _rank(rank: int, port: int, out: str) -> None:
@@ -278,6 +293,7 @@ def test_two_ranks_reference_critic_and_forwards_as_one_process(ranks):
         close(two["metrics"][key], one["metrics"][key], 1e-6)
     _close_dicts(two["weights"], one["weights"])
     _close_dicts(two["critic"], one["critic"])
+    _close_dicts(two["reference"], one["reference"])
 
 
 def test_two_rank_resume_equals_the_uninterrupted_run(ranks):
@@ -287,7 +303,8 @@ def test_two_rank_resume_equals_the_uninterrupted_run(ranks):
             result["uninterrupted"],
             result["resumed"],
         )
-        _close_dicts(weights_r, weights)
+        for model in weights:
+            _close_dicts(weights_r[model], weights[model])
         assert lr_r == lr
         assert optimizer_r.keys() == optimizer.keys()
         for param in optimizer:

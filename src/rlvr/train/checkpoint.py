@@ -80,6 +80,7 @@ from rlvr.train.distributed import (
     barrier,
     broadcast_object,
     lost_rank_as_error,
+    reshard,
 )
 from rlvr.train.state import TrainState
 
@@ -332,6 +333,7 @@ def _sharded_parts(
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
     """This rank's shards of `model`'s weights and `optimizer`'s moments, as DCP saves them and
     loads into them."""
+    reshard(model)  # a no-grad forward leaves the root's weights gathered
     if optimizer is None:
         return {"model": get_model_state_dict(model)}
     model_state, optimizer_state = get_state_dict(model, optimizer)

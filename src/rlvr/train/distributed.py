@@ -43,7 +43,7 @@ ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """What torchrun sets for each rank, and what a process must have to join a process group."""
 
 _LOST = re.compile(
-    r"connection (reset|closed) by peer|timed out|timeout|pair closure|broken pipe|nccl",
+    r"connection (reset|closed) by peer|timed out|timeout|pair closure|broken pipe",
     re.IGNORECASE,
 )
 """Words of the errors gloo and NCCL raise when a peer died or stopped answering."""
@@ -227,6 +227,17 @@ def shard_model(
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free the gathered weights of every FSDP unit of `model`, leaving only this rank's shards
+    registered. FSDP keeps the root's weights gathered after a forward (for the backward that
+    usually follows), so after a no-grad forward they are plain tensors beside DTensor shards
+    elsewhere: an in-place update from another model or a sharded state dict needs this first.
+    Nothing for a model that is not sharded."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

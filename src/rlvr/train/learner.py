@@ -31,7 +31,7 @@ from rlvr.models.lora import adapters_disabled
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.config import StepPlan
-from rlvr.train.distributed import full_state_dict, lost_rank_as_error
+from rlvr.train.distributed import full_state_dict, lost_rank_as_error, reshard
 from rlvr.train.reference import check_reference_sync, sync_reference
 from rlvr.train.state import TrainState
 from rlvr.train.update import (
@@ -211,6 +211,8 @@ class Learner:
 
     def sync_reference(self, step: int) -> None:
         """Every `ref_sync_every` steps, move the reference toward the policy (0: never)."""
-        every = self.plan.ref_sync_every
-        if self.state.reference is not None and every > 0 and step % every == 0:
-            sync_reference(self.state.reference, self.state.policy, self.plan.ref_sync_alpha)
+        every, reference = self.plan.ref_sync_every, self.state.reference
+        if reference is not None and every > 0 and step % every == 0:
+            reshard(reference)  # sharded: shard by shard, none left gathered by a forward
+            reshard(self.state.policy)
+            sync_reference(reference, self.state.policy, self.plan.ref_sync_alpha)
