@@ -513,8 +513,9 @@ class RayEngine:
         return results
 
     def close(self) -> None:
-        """Kill the actors; shut Ray down if this engine started it. Safe to call twice."""
-        for actor in self.actors:
+        """Kill the actors; shut Ray down if this engine started it. Safe to call twice, and
+        after Ray was shut down (the actors went with it)."""
+        for actor in self.actors if self._ray.is_initialized() else []:
             self._ray.kill(actor, no_restart=True)
         self.actors = []
         if self._started_ray:
