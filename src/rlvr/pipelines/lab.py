@@ -56,6 +56,13 @@ from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.registry import training_reward
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.config import GRPOConfig, check_grpo_config
+from rlvr.train.distributed import (
+    DistContext,
+    barrier,
+    destroy,
+    init_distributed,
+    main_first,
+)
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.grpo import train_grpo
 from rlvr.train.recipes import apply_recipe, recipe_config
@@ -306,28 +313,46 @@ def run_lab(config: LabConfig) -> dict:
     (`resolve`: resume, recipe, --set, derived fields, checks), as the CLI's is."""
     config, task = _resolve(config)
     precision = resolve_precision(config.device, config.dtype)  # before anything is written
-    with on_device(precision):
-        return _run(config, task, precision)
+    ctx = init_distributed(precision.device, config.grpo.worker_timeout_s)  # torchrun's ranks
+    precision = dataclasses.replace(precision, device=ctx.device)
+    try:
+        with on_device(precision):
+            summary = _run(config, task, precision, ctx)
+        barrier(ctx, "the end of the run")  # the ranks leave the group together
+        return summary
+    finally:
+        destroy()
 
 
-def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
-    """`run_lab` once the config is resolved, inside the run's device and precision."""
+def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistContext) -> dict:
+    """`run_lab` once the config is resolved, inside the run's device and precision. Under
+    torchrun every rank runs it: rank 0 makes the base model and the run directory first, the
+    others then find them; all train; rank 0 alone reports (the others return {})."""
     reward_fn = training_reward(config.verifier, task)
-    if precision.is_cpu:
-        torch.set_num_threads(config.threads)
+    config = dataclasses.replace(config, progress=config.progress and ctx.is_main)
+    if precision.is_cpu:  # the ranks of one machine share its cores
+        torch.set_num_threads(max(1, config.threads // ctx.world_size))
     resume = config.resume is not None
-    run = RunDirectory(config.runs_dir, config.run_name, overwrite=config.overwrite, resume=resume)
+    with main_first(ctx, "the run directory"):
+        run = RunDirectory(
+            config.runs_dir,
+            config.run_name,
+            overwrite=config.overwrite and ctx.is_main,
+            resume=resume or not ctx.is_main,
+        )
     start = time.perf_counter()
 
     # --- base model ------------------------------------------------------------------------
     if config.model is None:
-        base_dir, cached = build_base_model(config, task)
+        with main_first(ctx, "the base model"):
+            base_dir, cached = build_base_model(config, task)
         _say(config, f"base model: {base_dir} ({'cached' if cached else 'trained'})")
     else:
         base_dir = Path(config.model)
     model, tokenizer = load_model(base_dir, device=precision.device)
     model = with_lora(model, config.lora, config.seed)
-    run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
+    if ctx.is_main:
+        run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
     base_seconds = time.perf_counter() - start
     _say(
         config,
@@ -362,26 +387,30 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
             ),
         }
 
-    base_eval = evaluate(model, config.eval_samples)
-    _say(
-        config,
-        f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
-        f"sampled {base_eval['sampled_acc']:.3f}",
-    )
+    base_eval = {}
+    if ctx.is_main:
+        base_eval = evaluate(model, config.eval_samples)
+        _say(
+            config,
+            f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
+            f"sampled {base_eval['sampled_acc']:.3f}",
+        )
 
     # --- GRPO ------------------------------------------------------------------------------
     train_rows = format_rows(
         tokenizer, task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET), *template
     )
-    engine = build_engine(
-        config.rollout,
-        model,
-        tokenizer,
-        base_dir,
-        precision,
-        config.seed,
-        config.grpo.worker_timeout_s,
-    )
+    engine = None  # the other ranks sample nothing: rank 0's batch reaches them
+    if ctx.is_main:
+        engine = build_engine(
+            config.rollout,
+            model,
+            tokenizer,
+            base_dir,
+            precision,
+            config.seed,
+            config.grpo.worker_timeout_s,
+        )
     rl_start = time.perf_counter()
     try:
         records = train_grpo(
@@ -398,10 +427,13 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision) -> dict:
             resume=resume,
             engine=engine,
             initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
+            dist_ctx=ctx,
         )
     finally:
         close_engine(engine)
     rl_seconds = time.perf_counter() - rl_start
+    if not ctx.is_main:
+        return {}
 
     # --- report ----------------------------------------------------------------------------
     final_eval = evaluate(model, config.eval_samples)

@@ -168,6 +168,17 @@ def barrier(ctx: DistContext, what: str) -> None:
             dist.barrier()
 
 
+@contextlib.contextmanager
+def main_first(ctx: DistContext, what: str) -> Iterator[None]:
+    """Rank 0 runs the block first (it makes what the others then find: a cached base model,
+    the run directory), the other ranks after it, all waiting at one barrier."""
+    if not ctx.is_main:
+        barrier(ctx, f"waiting for rank 0 to make {what}")
+    yield
+    if ctx.is_main:
+        barrier(ctx, f"rank 0 made {what}")
+
+
 def all_ranks_agree(ok: bool, ctx: DistContext) -> bool:
     """True on every rank when `ok` is true on every rank (a MIN all-reduce): lets all ranks
     raise together when one of them failed, instead of the others waiting at a barrier."""

@@ -44,9 +44,10 @@ from rlvr.train.checkpoint import (
     save_checkpoint,
 )
 from rlvr.train.config import GRPOConfig, StepPlan, build_plan
+from rlvr.train.distributed import DistContext, all_ranks_agree, rollout_copy, single_process
 from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.monitor import HackingMonitor, sample_records
-from rlvr.train.rollouts import AsyncRollout, Rollout
+from rlvr.train.rollouts import AsyncRollout, BroadcastRollout, Rollout
 from rlvr.train.state import TrainState, build_state
 from rlvr.workers import WorkerError, default_workers, torch_threads
 
@@ -152,7 +153,7 @@ class Trainer:
 
     plan: StepPlan
     state: TrainState
-    rollout: Rollout | AsyncRollout
+    rollout: Rollout | AsyncRollout | BroadcastRollout
     learner: Learner
 
 
@@ -165,6 +166,7 @@ def build_trainer(
     seed: int,
     reward_weights: Sequence[float] | None = None,
     engine: RolloutEngine | None = None,
+    dist_ctx: DistContext | None = None,
 ) -> Trainer:
     """Check and resolve `config`, seed and build the state, and the two roles around it; the
     engine defaults to sampling in process with the policy itself. With
@@ -173,32 +175,50 @@ def build_trainer(
 
     With `async_steps` > 0 the rollouts run ahead in a background thread (`AsyncRollout`): the
     default engine then samples with its own copy of the policy, synced after each update,
-    and the update keeps one CPU thread fewer (sampling has the other)."""
+    and the update keeps one CPU thread fewer (sampling has the other).
+
+    With `dist_ctx` over several ranks (torchrun), the learner trains an FSDP2-sharded copy of
+    `model` (each rank one share of the update's rows, `train/distributed.py`) and `model`
+    itself stays whole: the in-process engine samples with it and every sync gathers the
+    learner's weights into it, so `model` holds the trained weights, as in one process. Rank 0
+    samples and verifies; every rank gets its batch (`BroadcastRollout`)."""
+    sharded = dist_ctx is not None and dist_ctx.sharded
+    if sharded and config.async_steps > 0:
+        raise ConfigError(
+            "async_steps > 0 with several torchrun ranks is not supported yet: run the "
+            "asynchronous mode in one process (with --ray rollout workers if you like)"
+        )
     threads = torch.get_num_threads()
     if config.async_steps > 0:
         threads = max(1, threads - 1)
-    workers = default_workers(model, config.cpu_workers, threads)
+    workers = (
+        dist_ctx.world_size if sharded else default_workers(model, config.cpu_workers, threads)
+    )
     plan = build_plan(config, workers, threads)
     if plan.gradient_checkpointing:
         enable_gradient_checkpointing(model)
+    policy = rollout_copy(model) if sharded else model  # whole `model` stays the sampler's
     state = build_state(
-        model,
+        policy,
         seed=seed,
         lr=config.lr,
         weight_decay=config.weight_decay,
         warmup_steps=config.warmup_steps,
         reference=plan.reference,
         critic_lr=config.critic_lr if plan.critic else None,
+        dist_ctx=dist_ctx,
     )
     weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_fns)
     if engine is None:
         sampler = copy.deepcopy(model).eval() if plan.async_steps > 0 else model
-        engine = HFEngine(sampler, tokenizer, workers)
+        engine = HFEngine(sampler, tokenizer, 1 if sharded else workers)
     rollout = Rollout(
         engine, train_rows, reward_fns, weights, plan.sampling, tokenizer.pad_token_id
     )
     if plan.async_steps > 0:
         rollout = AsyncRollout(rollout, plan.async_steps, config.worker_timeout_s)
+    if sharded:
+        rollout = BroadcastRollout(rollout, dist_ctx)
     return Trainer(plan, state, rollout, Learner(state, plan))
 
 
@@ -234,6 +254,7 @@ def train_grpo(
     resume: bool = False,
     engine: RolloutEngine | None = None,
     initial_eval: dict[str, float] | None = None,
+    dist_ctx: DistContext | None = None,
 ) -> list[dict[str, Any]]:
     """Run `config.steps` steps, logging to `run`; returns the metric records.
 
@@ -249,9 +270,14 @@ def train_grpo(
     the newest complete checkpoint is loaded (weights, optimizer, scheduler, RNG states, the
     data position) and metrics.jsonl / samples.jsonl are cut back to its step, so the resumed
     run appends exactly the steps an uninterrupted run would have written.
+
+    With `dist_ctx` over several ranks every rank runs the loop (the same steps, checkpoints
+    and decisions to stop, agreed by all); rank 0 alone evaluates, logs and shows progress,
+    and the other ranks return [].
     """
+    ctx = dist_ctx or single_process(next(model.parameters()).device)
     t = build_trainer(
-        model, tokenizer, train_rows, reward_fns, config, seed, reward_weights, engine
+        model, tokenizer, train_rows, reward_fns, config, seed, reward_weights, engine, ctx
     )
     monitor = HackingMonitor(
         strict_reward_fn,
@@ -261,12 +287,14 @@ def train_grpo(
         config.monitor_gap,
     )
     checkpoints = run.path / "checkpoints"
-    last_eval = _resume_or_evaluate(t, run, evaluate, checkpoints if resume else None, initial_eval)
+    last_eval = _resume_or_evaluate(
+        t, model, run, evaluate, checkpoints if resume else None, initial_eval, ctx.is_main
+    )
     start, stop, nonfinite_in_a_row = time.perf_counter(), StopRequest(), 0
     bar = tqdm(
         range(t.state.step + 1, config.steps + 1),
         desc=config.advantage_estimator,
-        disable=not progress,
+        disable=not (progress and ctx.is_main),
     )
     with stop.installed(), _update_threads(t.plan), _closing(t, checkpoints, run):
         for step in bar:
@@ -279,22 +307,26 @@ def train_grpo(
             if not {"update/skipped", "update/nonfinite"} & result.metrics.keys():
                 t.state.scheduler.step()
             t.learner.sync_reference(step)
+            # decisions every rank must take alike: the ranks' clocks and signals may differ
             out_of_time = 0 < config.max_seconds <= time.perf_counter() - start
-            record = {"step": step, **result.metrics, **device_memory(model)}
-            record |= monitor(step, result.batch, result.rewards)
-            if out_of_time or is_eval_step(step, config.eval_every, config.steps):
-                record |= {f"eval/{k}": v for k, v in evaluate(model).items()}
-                last_eval = record
-            record["time/elapsed_s"] = time.perf_counter() - start
-            run.log_metrics(record)
-            run.log_samples(
-                sample_records(step, result.batch, result.rewards, config.samples_per_step)
-            )
-            bar.set_postfix(
-                reward=f"{record['reward/mean']:.2f}",
-                acc=f"{last_eval.get('eval/greedy_acc', float('nan')):.2f}",
-                s_per_step=f"{record['time/step_s']:.2f}",
-            )
+            out_of_time = not all_ranks_agree(not out_of_time, ctx)
+            stop.requested = not all_ranks_agree(not stop.requested, ctx)
+            if ctx.is_main:
+                record = {"step": step, **result.metrics, **device_memory(model)}
+                record |= monitor(step, result.batch, result.rewards)
+                if out_of_time or is_eval_step(step, config.eval_every, config.steps):
+                    record |= {f"eval/{k}": v for k, v in evaluate(model).items()}
+                    last_eval = record
+                record["time/elapsed_s"] = time.perf_counter() - start
+                run.log_metrics(record)
+                run.log_samples(
+                    sample_records(step, result.batch, result.rewards, config.samples_per_step)
+                )
+                bar.set_postfix(
+                    reward=f"{record['reward/mean']:.2f}",
+                    acc=f"{last_eval.get('eval/greedy_acc', float('nan')):.2f}",
+                    s_per_step=f"{record['time/step_s']:.2f}",
+                )
             every, last = config.checkpoint_every, step == config.steps or out_of_time
             if last or (every > 0 and step % every == 0) or stop.requested:
                 t.rollout.drain()  # queued sampling at rest: the generator and rows are still
@@ -303,7 +335,7 @@ def train_grpo(
             if out_of_time:
                 break
             stop.raise_if_requested(step, run)
-    return read_jsonl(run.metrics_path)
+    return read_jsonl(run.metrics_path) if ctx.is_main else []
 
 
 def _update_threads(plan: StepPlan) -> contextlib.AbstractContextManager:
@@ -334,21 +366,28 @@ def _closing(t: Trainer, checkpoints: Path, run: RunDirectory) -> Iterator[None]
 
 def _resume_or_evaluate(
     t: Trainer,
+    model: torch.nn.Module,
     run: RunDirectory,
     evaluate: Evaluator,
     checkpoints: Path | None,
     initial_eval: dict[str, float] | None = None,
+    main: bool = True,
 ) -> dict[str, float]:
     """Load the newest checkpoint under `checkpoints` (None: a fresh run) and cut the logs back
     to its step; otherwise log the starting model's evaluation as step 0: `initial_eval` when
-    the caller has it already, else `evaluate(policy)`. Returns that evaluation."""
+    the caller has it already, else `evaluate(model)`. Returns that evaluation. Only the
+    `main` process logs and evaluates; every process loads."""
     if checkpoints is not None and (latest := latest_checkpoint(checkpoints)) is not None:
         load_checkpoint(latest, t.state)
         t.rollout.skip(t.state.data_position)
-        run.truncate_logs(after_step=t.state.step)
-        tqdm.write(f"[rlvr] resumed from {latest} (step {t.state.step})", file=sys.stderr)
+        t.rollout.sync(t.learner)  # an engine with weights of its own samples the loaded ones
+        if main:
+            run.truncate_logs(after_step=t.state.step)
+            tqdm.write(f"[rlvr] resumed from {latest} (step {t.state.step})", file=sys.stderr)
         return {}
-    start = initial_eval if initial_eval is not None else evaluate(t.state.policy)
+    if not main:
+        return {}
+    start = initial_eval if initial_eval is not None else evaluate(model)
     record = {f"eval/{k}": v for k, v in start.items()}
     run.log_metrics({"step": 0, **record})
     return record

@@ -23,6 +23,7 @@ from rlvr.rollout.engine import RolloutEngine
 from rlvr.rollout.sampler import RolloutBatch, concat_batches, select_rows
 from rlvr.tasks.rewards import RewardFn, reward_columns, total_rewards
 from rlvr.train.config import SamplingPlan
+from rlvr.train.distributed import DistContext, broadcast_object
 from rlvr.workers import torch_threads, wait_for
 
 
@@ -194,6 +195,43 @@ class AsyncRollout:
                 for part in ("generate", "verify")
             },
         )
+
+
+class BroadcastRollout:
+    """The rollout side of several torch.distributed ranks: rank 0 samples and verifies, and
+    every rank gets the step's batch, rewards and metrics from it (one pickled broadcast), so
+    the ranks train on one global batch whose divisors they all know. `sync` runs on every
+    rank (gathering the sharded learner's weights is a collective) and each rank's engine
+    loads them."""
+
+    def __init__(self, rollout: Rollout | AsyncRollout, ctx: DistContext) -> None:
+        self.rollout, self.ctx = rollout, ctx
+
+    @property
+    def consumed(self) -> int:
+        return self.rollout.consumed  # rank 0's is the one a checkpoint keeps
+
+    def skip(self, n: int) -> None:
+        self.rollout.skip(n)
+
+    def collect(
+        self, generator: torch.Generator, timer: StepTimer
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        if not self.ctx.is_main:
+            with timer("generate"):  # the wait for rank 0's rollouts
+                return broadcast_object(None, self.ctx)
+        collected = self.rollout.collect(generator, timer)
+        with timer("broadcast"):
+            return broadcast_object(collected, self.ctx)
+
+    def sync(self, learner: HasWeights) -> None:
+        self.rollout.sync(learner)
+
+    def drain(self) -> None:
+        self.rollout.drain()
+
+    def close(self, wait: bool = True) -> None:
+        self.rollout.close(wait)
 
 
 def _first_groups(
