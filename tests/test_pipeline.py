@@ -88,6 +88,12 @@ def test_impossible_grpo_settings_are_refused_before_any_stage_runs(tmp_path):
     with pytest.raises(ConfigError, match=r"stages\[1\] \(rl\)\.grpo: .*group_size must be >= 2"):
         run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
     assert not (tmp_path / "run" / "01-base").exists()
+    rollout = {"name": "rl", "kind": "grpo", "rollout": {"ray": True, "rollout_workers": 0}}
+    spec = {**SPEC, "stages": [SPEC["stages"][0], rollout]}
+    with pytest.raises(
+        ConfigError, match=r"stages\[1\] \(rl\)\.rollout: --rollout-workers must be >= 1"
+    ):
+        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
 
 
 def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):

@@ -40,6 +40,7 @@ from rlvr.pipelines.common import (
     save_policy,
     with_lora,
 )
+from rlvr.pipelines.engines import RolloutPlacement, build_engine, check_placement, close_engine
 from rlvr.pipelines.sft import SFTConfig, run_sft
 from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.report.run_dir import RunDirectory
@@ -226,6 +227,9 @@ class GRPOStage:
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters on the policy (YAML `lora: {rank: 16}`); the stage's model is saved with
     them merged (or as the adapter alone with `save_adapter_only`)."""
+    rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
+    """Where the stage's rollouts are sampled (YAML `rollout: {ray: true, rollout_workers:
+    2}` or `{engine: vllm}`), as `rlvr train`'s `--ray`, `--rollout-workers`, `--engine`."""
 
 
 def grpo_stage_config(s: GRPOStage, task: TaskSpec, max_seconds: float = 0.0) -> GRPOConfig:
@@ -242,6 +246,10 @@ def grpo_stage_config(s: GRPOStage, task: TaskSpec, max_seconds: float = 0.0) ->
         check_grpo_config(config)
     except ValueError as exc:
         raise ConfigError(f"grpo: {exc}") from exc
+    try:
+        check_placement(s.rollout, s.lora.enabled)
+    except ConfigError as exc:
+        raise ConfigError(f"rollout: {exc}") from exc
     return config
 
 
@@ -253,7 +261,8 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
             raise ConfigError(f"same_time_as: stage {s.same_time_as!r} has not run")
         max_seconds = ctx.seconds[s.same_time_as]
     config = grpo_stage_config(s, ctx.task, max_seconds)
-    model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.precision.device)
+    model_dir = Path(ctx.model_of(s.model))
+    model, tokenizer = load_model(model_dir, device=ctx.precision.device)
     model = with_lora(model, s.lora, ctx.seed + s.seed)
     reward_fns, weights = [ctx.task.reward_fn], [1.0]
     if s.consistency_weight:
@@ -273,19 +282,26 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
     run = RunDirectory(stage_dir, "grpo", overwrite=True)
     run.write_config(to_dict(config))
     seed = ctx.seed + s.seed
-    train_grpo(
-        model,
-        tokenizer,
-        rows_in_modes(ctx.task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), s.modes),
-        reward_fns,
-        config,
-        run,
-        evaluate,
-        seed=seed,
-        reward_weights=weights,
-        progress=ctx.progress,
-        strict_reward_fn=ctx.task.reward_fn,
+    engine = build_engine(
+        s.rollout, model, tokenizer, model_dir, ctx.precision, seed, config.worker_timeout_s
     )
+    try:
+        train_grpo(
+            model,
+            tokenizer,
+            rows_in_modes(ctx.task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), s.modes),
+            reward_fns,
+            config,
+            run,
+            evaluate,
+            seed=seed,
+            reward_weights=weights,
+            progress=ctx.progress,
+            strict_reward_fn=ctx.task.reward_fn,
+            engine=engine,
+        )
+    finally:
+        close_engine(engine)
     return {"model": str(save_policy(model, tokenizer, stage_dir / "model", s.lora))}
 
 
