@@ -430,6 +430,47 @@ def step_table(mode_list: list[Mode], results: dict[str, list[list[dict]]]) -> s
     return common.markdown_table(header, rows)
 
 
+def overlap_check(results: dict[str, list[list[dict]]]) -> str:
+    """One-step-off predicted from the halves measured one at a time (sync + tis on one thread:
+    sampling + verifying, then the rest of the step, each on one core), max(G1, U1), against
+    the one-step-off modes measured."""
+    steps = [split(s) for r in results["sync + tis, 1 thread (a half per core)"] for s in r]
+    g1 = common.median(s["generate"] + s["verify"] for s in steps)
+    u1 = common.median(s["step"] for s in steps) - g1
+    predicted = max(g1, u1)
+    sync_tis = common.median(
+        split(s)["step"] for r in results["sync + tis (pi_old pass)"] for s in r
+    )
+    rows = [
+        [
+            "halves on one core each: G1 (sample + verify), U1 (the rest)",
+            f"{g1:.3f} / {u1:.3f}",
+            "",
+            "",
+        ]
+    ]
+    rows.append(
+        [
+            "one-step-off predicted: max(G1, U1)",
+            f"{predicted:.3f}",
+            f"{sync_tis / predicted:.2f}",
+            "",
+        ]
+    )
+    for name in ("one-step-off + tis (thread)", "one-step-off + tis, Ray 1 actor"):
+        measured = common.median(split(s)["step"] for r in results[name] for s in r)
+        rows.append(
+            [
+                f"measured: {name}",
+                f"{measured:.3f}",
+                f"{sync_tis / measured:.2f}",
+                f"{measured / predicted:.2f}",
+            ]
+        )
+    header = ["", "s/step", "speed-up vs sync + tis (2 cores)", "measured / predicted"]
+    return common.markdown_table(header, rows)
+
+
 def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -495,6 +536,7 @@ def main() -> None:
         f"{minutes:.1f} min; {args.rounds} rounds x {args.steps - 1} steady steps per mode\n"
     )
     print(step_table(mode_list, results) + "\n")
+    print(overlap_check(results) + "\n")
     print(weights)
 
 
