@@ -1,5 +1,7 @@
 """RayEngine: rollout actors on a local Ray bound to 127.0.0.1 (one cluster for the file)."""
 
+import copy
+import dataclasses
 import os
 import re
 import signal
@@ -229,3 +231,47 @@ def test_a_killed_actor_is_named_within_seconds_not_a_hang(cluster, policy):
         with pytest.raises(WorkerError, match=re.escape(f"rollout actor 0 (pid {pid}): died")):
             doomed.generate(PROMPTS, 2, 10, 0.0)
         assert time.monotonic() - start < 10
+
+
+def test_an_actor_killed_mid_run_ends_it_naming_the_actor_and_the_last_checkpoint(
+    cluster, policy, tmp_path
+):
+    """The loop's view: an actor dies during step 2 (killed by the reward function, between
+    its sampling and the weight push); the run ends within seconds with the actor's name, the
+    step-1 checkpoint and the resume command, not a hang."""
+    from rlvr.report.run_dir import RunDirectory
+    from rlvr.train.config import GRPOConfig
+    from rlvr.train.grpo import train_grpo
+
+    model = copy.deepcopy(policy)
+    engine = RayEngine(model, TOKENIZER, 1, placement="colocated", timeout_s=60)
+    calls = []
+
+    def reward(prompts, completions, **_):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(engine.pids[0], signal.SIGKILL)
+        return [0.0] * len(completions)
+
+    config = GRPOConfig(steps=4, prompts_per_step=2, group_size=2, max_new_tokens=6)
+    config = dataclasses.replace(config, checkpoint_every=1, eval_every=0, monitor_every=0)
+    run = RunDirectory(tmp_path, "killed")
+    rows = iter([{"prompt": p} for p in PROMPTS] * 10)
+    start = time.monotonic()
+    with engine, pytest.raises(WorkerError) as raised:
+        train_grpo(
+            model,
+            TOKENIZER,
+            rows,
+            [reward],
+            config,
+            run,
+            lambda m: {},
+            seed=0,
+            progress=False,
+            engine=engine,
+        )
+    assert time.monotonic() - start < 30
+    message = str(raised.value)
+    assert message.startswith(f"rollout actor 0 (pid {engine.pids[0]}): died")
+    assert f"checkpoints/step-000001; resume with: rlvr train --resume {run.path}" in message

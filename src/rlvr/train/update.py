@@ -219,15 +219,16 @@ def plan_update_work(
     micro_batch_tokens: int,
     share_prompts: bool,
 ) -> UpdateWork:
-    """Plan the update of `batch`. With `skip_zero_advantage` (no KL term in the loss, one
-    advantage per row), rows whose advantage is exactly 0 (every row of a zero-variance group)
-    get no forward pass: they add nothing to the loss or its gradient. The rest are shared
+    """Plan the update of `batch`. With `skip_zero_advantage` (no KL term in the loss), rows
+    whose advantages are all exactly 0 (every row of a zero-variance group; per-token
+    advantages of a rollout correction or GAE: every token's) get no forward pass: they add
+    nothing to the loss or its gradient. The rest are shared
     among `workers` by tokens and cut into micro-batches of at most `micro_batch_tokens` padded
     tokens (0: one per worker), whole groups when that runs fewer tokens (`plan_update`)."""
     n = len(advantages)
     carrying = torch.arange(n)
-    if skip_zero_advantage and advantages.dim() == 1:
-        carrying = (advantages != 0).nonzero().squeeze(1)
+    if skip_zero_advantage:  # per row, or per token ([N, T]: GAE, a rollout correction)
+        carrying = (advantages != 0).reshape(n, -1).any(dim=1).nonzero().squeeze(1)
     shards, shared = plan_update(
         carrying,
         batch.group_ids,
