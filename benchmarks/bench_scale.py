@@ -80,6 +80,7 @@ from rlvr.train.grpo import _update_threads, build_trainer, grpo_step
 
 VLLM_PYTHON = Path.home() / ".cache/rlvr/vllm-venv/bin/python"
 HERE = Path(__file__).resolve().parent
+ONE_OFF: dict[str, list[float]] = {}  # seconds of what a run pays once, not per step
 PARTS = ("generate", "verify", "old_logprobs", "update", "forward", "backward", "optimizer")
 
 
@@ -111,6 +112,7 @@ class Mode:
 
 TIS = {"rollout_correction": "tis"}
 ASYNC = {"async_steps": 1, "rollout_correction": "tis"}
+ASYNC_NONE = {"async_steps": 1, "rollout_correction": "none"}
 SHARDED_SWITCHES = {"cpu_workers": 1, "share_prompt_forward": False}
 
 
@@ -119,6 +121,7 @@ def modes(torchrun: bool) -> list[Mode]:
         Mode("overlap", "sync"),
         Mode("overlap", "sync + tis (pi_old pass)", "sync", TIS),
         Mode("overlap", "one-step-off + tis (thread)", "sync + tis (pi_old pass)", ASYNC),
+        Mode("overlap", "one-step-off, no correction (thread)", "sync", ASYNC_NONE),
         Mode("overlap", "sync + tis, 1 thread (a half per core)", "sync", TIS, threads=1),
         Mode("ray", "Ray, 2 actors", "sync", engine="ray2"),
         Mode("ray", "in process, 1 sampling worker", engine="inproc1"),
@@ -186,11 +189,23 @@ def run_steps(model, tokenizer, task, config, grpo, seed, steps, engine=None, ct
     return out if ctx is None or ctx.is_main else []
 
 
+def one_off(what: str, seconds: float) -> None:
+    ONE_OFF.setdefault(what, []).append(seconds)
+
+
+def ray_engine(model, tokenizer, workers: int, label: str) -> RayEngine:
+    """A `RayEngine` of `workers` actors colocated on this machine's cores; its start (actor
+    processes, model built in each, first weights) is a one-off cost."""
+    start = time.perf_counter()
+    engine = RayEngine(model, tokenizer, workers, placement="colocated", timeout_s=900)
+    one_off(f"RayEngine start, {workers} actor(s), {label}", time.perf_counter() - start)
+    return engine
+
+
 def make_engine(kind: str, model, tokenizer):
     if kind == "inproc1":
         return HFEngine(model, tokenizer, 1)
-    workers = {"ray1": 1, "ray2": 2}[kind]
-    return RayEngine(model, tokenizer, workers, placement="colocated", timeout_s=900)
+    return ray_engine(model, tokenizer, {"ray1": 1, "ray2": 2}[kind], "lab tiny")
 
 
 def run_mode(mode: Mode, base, tokenizer, task, config, args, seed, ray_engines) -> list[dict]:
@@ -232,24 +247,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(ranks: int, worker_args: list[str]) -> dict:
-    """This file's `--rank-worker` under `torchrun --nproc-per-node ranks` on 127.0.0.1; rank
-    0's JSON result."""
+def torchrun(ranks: int, worker_args: list[str]) -> tuple[dict, float]:
+    """This file's `--rank-worker` under `torchrun --nproc-per-node ranks` on 127.0.0.1: rank
+    0's JSON result and the launch's wall seconds."""
     with tempfile.TemporaryDirectory(prefix="rlvr-scale-") as tmp:
         out = Path(tmp) / "result.json"
         argv = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks)]
         argv += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
         argv += [__file__, "--rank-worker", str(out), *worker_args]
+        start = time.perf_counter()
         done = subprocess.run(argv, capture_output=True, text=True, cwd=HERE)
+        wall = time.perf_counter() - start
         if done.returncode != 0 or not out.exists():
             sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
             raise SystemExit(f"torchrun --nproc-per-node {ranks} failed (exit {done.returncode})")
-        return json.loads(out.read_text())
+        return json.loads(out.read_text()), wall
 
 
 def torchrun_steps(ranks: int, args, seed: int) -> list[dict]:
     worker = ["--steps", str(args.steps), "--prompts", str(args.prompts), "--seed", str(seed)]
-    return torchrun(ranks, worker)["steps"]
+    result, wall = torchrun(ranks, worker)
+    steps = result["steps"]
+    what = f"torchrun {ranks} ranks: launch, load, build, exit (the launch less its steps)"
+    one_off(what, wall - sum(s["time/step_s"] for s in steps))
+    return steps
 
 
 def rank_worker(args) -> None:
@@ -290,12 +311,12 @@ def gather_times(model_dir: Path, ctx, rounds: int) -> list[float]:
 # --- weight sync ------------------------------------------------------------------------------
 
 
-def sync_times(model, tokenizer, rounds: int) -> dict[str, list[float]]:
+def sync_times(model, tokenizer, rounds: int, label: str) -> dict[str, list[float]]:
     """Seconds of each in-process transport's sync of `model`'s weights, interleaved."""
     state_dict = model.state_dict()
     local = HFEngine(copy.deepcopy(model), tokenizer)
     sharded = shard_model(copy.deepcopy(model), ONE_RANK)
-    with RayEngine(model, tokenizer, 2, placement="colocated", timeout_s=900) as ray2:
+    with ray_engine(model, tokenizer, 2, label) as ray2:
         transports: dict[str, Callable[[], object]] = {
             "in-process copy (HFEngine.load_weights)": lambda: local.load_weights(state_dict),
             "snapshot + copy (the one-step-off sync)": lambda: local.load_weights(
@@ -347,10 +368,10 @@ def weight_table(args, tokenizer, base, base_dir: Path) -> str:
     for label, model, tok, directory in models:
         common.say(f"[bench] weight sync: {label}")
         params = sum(p.numel() for p in model.parameters()) / 1e6
-        times = sync_times(model, tok, args.rounds)
-        if args.torchrun:
+        times = sync_times(model, tok, args.rounds, label)
+        if args.torchrun and not args.quick:  # a launch of its own: ~15 s
             worker = ["--gather-model", str(directory), "--rounds", str(args.rounds)]
-            gathered = torchrun(2, worker)["gather"][str(directory)]
+            gathered = torchrun(2, worker)[0]["gather"][str(directory)]
             times["FSDP2 full-state-dict gather, 2 ranks (torchrun)"] = gathered
         base_s = common.median(times["in-process copy (HFEngine.load_weights)"])
         rows += [sync_row(label, params, name, t, base_s) for name, t in times.items()]
@@ -359,6 +380,7 @@ def weight_table(args, tokenizer, base, base_dir: Path) -> str:
         for name, r in vllm_sync(args.vllm_python, names, args.rounds).items():
             label = {"tiny": "vLLM's tiny (128 wide)", "smollm2": "SmolLM2-135M"}[name]
             seconds = [ms / 1e3 for ms in r["sync_ms"]]
+            one_off(f"vLLM engine start (CPU build), {label}", r["start_s"])
             rows.append(sync_row(label, r["params_m"], "vLLM reload (CPU build)", seconds, None))
     header = ["model", "params", "transport", "median ms", "range ms", "x in-process copy"]
     return common.markdown_table(header, rows)
@@ -432,43 +454,64 @@ def step_table(mode_list: list[Mode], results: dict[str, list[list[dict]]]) -> s
 
 def overlap_check(results: dict[str, list[list[dict]]]) -> str:
     """One-step-off predicted from the halves measured one at a time (sync + tis on one thread:
-    sampling + verifying, then the rest of the step, each on one core), max(G1, U1), against
-    the one-step-off modes measured."""
-    steps = [split(s) for r in results["sync + tis, 1 thread (a half per core)"] for s in r]
-    g1 = common.median(s["generate"] + s["verify"] for s in steps)
-    u1 = common.median(s["step"] for s in steps) - g1
-    predicted = max(g1, u1)
-    sync_tis = common.median(
-        split(s)["step"] for r in results["sync + tis (pi_old pass)"] for s in r
-    )
+    sampling + verifying G1, the learner's rest U1 of which pi_old O1, each half on one core):
+    max(G1, U1) with the correction, max(G1, U1 - O1) without; against the measured modes."""
+
+    def med(name: str, key: str = "step") -> float:
+        return common.median(split(s)[key] for r in results[name] for s in r)
+
+    halves = "sync + tis, 1 thread (a half per core)"
+    g1 = med(halves, "generate") + med(halves, "verify")
+    o1 = med(halves, "old_logprobs")
+    u1 = med(halves) - g1
     rows = [
         [
-            "halves on one core each: G1 (sample + verify), U1 (the rest)",
-            f"{g1:.3f} / {u1:.3f}",
+            "halves on one core each: G1 (sample + verify) / U1 (the rest) / O1 (pi_old, in U1)",
+            f"{g1:.3f} / {u1:.3f} / {o1:.3f}",
+            "",
             "",
             "",
         ]
     ]
-    rows.append(
-        [
-            "one-step-off predicted: max(G1, U1)",
-            f"{predicted:.3f}",
-            f"{sync_tis / predicted:.2f}",
-            "",
-        ]
+    checks = (
+        (
+            "tis",
+            max(g1, u1),
+            "sync + tis (pi_old pass)",
+            ["one-step-off + tis (thread)", "one-step-off + tis, Ray 1 actor"],
+        ),
+        ("none", max(g1, u1 - o1), "sync", ["one-step-off, no correction (thread)"]),
     )
-    for name in ("one-step-off + tis (thread)", "one-step-off + tis, Ray 1 actor"):
-        measured = common.median(split(s)["step"] for r in results[name] for s in r)
+    for label, predicted, baseline, measured_modes in checks:
+        base = med(baseline)
+        formula = "max(G1, U1)" if label == "tis" else "max(G1, U1 - O1)"
         rows.append(
             [
-                f"measured: {name}",
-                f"{measured:.3f}",
-                f"{sync_tis / measured:.2f}",
-                f"{measured / predicted:.2f}",
+                f"predicted, {label}: {formula}",
+                f"{predicted:.3f}",
+                baseline,
+                f"{base / predicted:.2f}",
+                "",
             ]
         )
-    header = ["", "s/step", "speed-up vs sync + tis (2 cores)", "measured / predicted"]
+        for name in measured_modes:
+            measured = med(name)
+            rows.append(
+                [
+                    f"measured: {name}",
+                    f"{measured:.3f}",
+                    baseline,
+                    f"{base / measured:.2f}",
+                    f"{measured / predicted:.2f}",
+                ]
+            )
+    header = ["", "s/step", "against (2 cores)", "speed-up", "measured / predicted"]
     return common.markdown_table(header, rows)
+
+
+def one_off_table() -> str:
+    rows = [[what, f"{common.median(t):.2f}", str(len(t))] for what, t in ONE_OFF.items()]
+    return common.markdown_table(["one-off cost", "median s", "times"], rows)
 
 
 def load() -> str:
@@ -486,7 +529,9 @@ def main() -> None:
     parser.add_argument("--no-torchrun", dest="torchrun", action="store_false")
     parser.add_argument("--no-vllm", dest="vllm", action="store_false")
     parser.add_argument("--vllm-python", type=Path, default=VLLM_PYTHON)
-    parser.add_argument("--quick", action="store_true", help="2 rounds x 3 steps, 4 prompts")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 rounds x 3 steps, 4 prompts, the tiny model's sync"
+    )
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
     parser.add_argument("--gather-model", nargs="+", help=argparse.SUPPRESS)
@@ -516,7 +561,9 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="rlvr-ray-", dir="/tmp") as ray_dir:
         try:
+            began = time.perf_counter()
             start_ray(None, num_cpus=args.threads, temp_dir=ray_dir)
+            one_off("local Ray start (127.0.0.1)", time.perf_counter() - began)
             for r in range(args.rounds):
                 shift = r % len(mode_list)
                 for mode in itertools.chain(mode_list[shift:], mode_list[:shift]):
@@ -537,6 +584,7 @@ def main() -> None:
     )
     print(step_table(mode_list, results) + "\n")
     print(overlap_check(results) + "\n")
+    print(one_off_table() + "\n")
     print(weights)
 
 
