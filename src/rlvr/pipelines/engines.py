@@ -28,11 +28,19 @@ class RolloutPlacement:
     `--weight-transport` of an entry point (the fields of its config)."""
 
     engine: str = "hf"
+    """hf: rlvr's sampler with the policy itself; vllm: vLLM's engine (a GPU, or vLLM's CPU
+    build in its own venv: scripts/vllm_check.sh)."""
     ray: bool = False
+    """Sample on Ray rollout actors, each with its own copy of the policy."""
     rollout_workers: int = 2
+    """Ray rollout actors (with --ray)."""
     ray_address: str | None = None
+    """Join this Ray cluster (auto, or HOST:PORT of `ray start --head`); default: start a local
+    one on 127.0.0.1."""
     placement: str = "separate"
+    """separate: each actor on devices of its own; colocated: the actors share the learner's."""
     weight_transport: str = "object-store"
+    """object-store: numpy arrays through Ray's object store; nccl: a GPU broadcast (CUDA)."""
 
 
 def check_placement(p: RolloutPlacement, lora: bool) -> None:
