@@ -1,7 +1,7 @@
 """What running past one process costs on this machine, per part: the one-step-off overlap, the
 per-step overhead of Ray rollout workers and of FSDP2, and weight sync by transport.
 
-    python benchmarks/bench_scale.py                   # every part, 5 rounds (~12 min loaded)
+    python benchmarks/bench_scale.py                   # every part, 5 rounds (8-11 min here)
     python benchmarks/bench_scale.py --quick           # smoke run (< 2 min)
     python benchmarks/bench_scale.py --skip-135m --no-torchrun --no-vllm
 
@@ -16,9 +16,10 @@ ratio to its baseline is the median over rounds of the per-round ratio of median
 
 - overlap: sync (`async_steps=0`), sync with the rollout correction (`rollout_correction=tis`:
   the pi_old forward pass alone), one-step-off (`async_steps=1`, tis: sampling in a background
-  thread with its own copy of the policy, the update on one thread fewer), and sync + tis on
-  one thread (sampling and the update each on one core: the halves one-step-off overlaps,
-  measured without each other, from which `docs/scaling.md` predicts it);
+  thread with its own copy of the policy, the update on one thread fewer), one-step-off with
+  `rollout_correction=none` (the overlap without the pi_old pass), and sync + tis on one
+  thread (sampling and the update each on one core: the halves one-step-off overlaps,
+  measured without each other, from which the check table predicts it: max(G1, U1));
 - Ray: `RayEngine` (local Ray on 127.0.0.1, actors colocated on the learner's 2 cores, one
   torch thread each, weights through the object store every step) with 2 actors against
   in-process sampling by 2 worker threads (the default), 1 actor against one in-process
@@ -40,7 +41,9 @@ one-step-off sync (snapshot clone + that copy), Ray's object store to 2 actors
 this process and at 2 ranks under torchrun (rank 0's time, both ranks gathering); and vLLM's
 reload (`vllm_sync_time.py` run in vLLM's CPU venv, `--vllm-python`, when it exists).
 
-Markdown tables on stdout, the load average at the start and the end; progress on stderr.
+Markdown tables on stdout (the steps, the one-step-off check, one-off costs such as Ray's and
+torchrun's start, weight sync), the load average at the start and the end; progress on
+stderr. Results and the cost model built on them: `docs/scaling.md`.
 """
 
 from __future__ import annotations
@@ -180,10 +183,8 @@ def run_steps(model, tokenizer, task, config, grpo, seed, steps, engine=None, ct
     try:
         with _update_threads(t.plan):
             for _ in range(steps):
-                metrics = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
-                out.append(
-                    {k: v for k, v in metrics.metrics.items() if k[:5] in ("time/", "async")}
-                )
+                result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
+                out.append({k: v for k, v in result.metrics.items() if k[:5] in ("time/", "async")})
     finally:
         t.rollout.close()  # waits for sampling still running: nothing spills into the next mode
     return out if ctx is None or ctx.is_main else []
@@ -209,9 +210,9 @@ def make_engine(kind: str, model, tokenizer):
 
 
 def run_mode(mode: Mode, base, tokenizer, task, config, args, seed, ray_engines) -> list[dict]:
-    grpo = grpo_config(config, task, args.prompts, mode.switches)
     if mode.torchrun:
         return torchrun_steps(mode.torchrun, args, seed)
+    grpo = grpo_config(config, task, args.prompts, mode.switches)
     model = copy.deepcopy(base)
     engine = None
     if mode.engine == "inproc1":
