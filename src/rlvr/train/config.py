@@ -105,6 +105,10 @@ class GRPOConfig:
     """Complete checkpoints kept (older ones are deleted once a newer one is complete)."""
     max_nonfinite_steps: int = 3
     """Stop after this many consecutive updates skipped for a NaN/Inf loss or gradient."""
+    abort_zero_reward_steps: int = 20
+    """Stop after this many steps in a row whose training reward is exactly 0 while the
+    verifier finds no answer in most completions (a format the verifier cannot read: a run
+    that would learn nothing); 0 turns the check off."""
     eval_every: int = 20
     """Evaluate held-out accuracy every N steps, at steps 1, 2, 4, 8, ... below N (where
     the curve moves fastest), before the first step and after the last; 0: only before the

@@ -46,7 +46,7 @@ from rlvr.train.checkpoint import (
 from rlvr.train.config import GRPOConfig, StepPlan, build_plan
 from rlvr.train.distributed import DistContext, all_ranks_agree, rollout_copy, single_process
 from rlvr.train.learner import Learner, UpdateBatch
-from rlvr.train.monitor import HackingMonitor, sample_records
+from rlvr.train.monitor import HackingMonitor, ZeroRewardWatch, sample_records
 from rlvr.train.rollouts import AsyncRollout, BroadcastRollout, Rollout
 from rlvr.train.state import TrainState, build_state
 from rlvr.workers import WorkerError, default_workers, torch_threads
@@ -291,6 +291,7 @@ def train_grpo(
         t, model, run, evaluate, checkpoints if resume else None, initial_eval, ctx.is_main
     )
     start, stop, nonfinite_in_a_row = time.perf_counter(), StopRequest(), 0
+    zero_reward = ZeroRewardWatch(config.abort_zero_reward_steps)
     bar = tqdm(
         range(t.state.step + 1, config.steps + 1),
         desc=config.advantage_estimator,
@@ -304,6 +305,7 @@ def train_grpo(
                 nonfinite_in_a_row + 1 if "update/nonfinite" in result.metrics else 0
             )
             _stop_if_diverging(step, nonfinite_in_a_row, config.max_nonfinite_steps, checkpoints)
+            zero_reward(step, result.metrics, len(result.rewards))  # the same on every rank
             if not {"update/skipped", "update/nonfinite"} & result.metrics.keys():
                 t.state.scheduler.step()
             t.learner.sync_reference(step)

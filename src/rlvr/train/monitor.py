@@ -9,8 +9,47 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from rlvr.config import UserError
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.tasks.rewards import RewardFn, reward_columns, total_rewards
+
+
+class ZeroRewardError(UserError):
+    """The training reward stayed exactly 0 while the verifier parsed no answer from most
+    completions: a format mismatch, not a hard task; training on would learn nothing."""
+
+
+def unparsed_fraction(metrics: dict[str, float], completions: int) -> float | None:
+    """The largest share of a step's `completions` that a reward function found no answer in
+    (`verifier/<fn>/no_answer` over the completions); None when no function reports it."""
+    counts = [
+        v for k, v in metrics.items() if k.startswith("verifier/") and k.endswith("/no_answer")
+    ]
+    if not counts or completions == 0:
+        return None
+    return max(counts) / completions
+
+
+class ZeroRewardWatch:
+    """Counts the steps in a row whose reward is exactly 0 with most completions unparsed
+    (more than half), and stops the run after `limit` of them (0: never)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.in_a_row = limit, 0
+
+    def __call__(self, step: int, metrics: dict[str, float], completions: int) -> None:
+        unparsed = unparsed_fraction(metrics, completions)
+        silent = metrics.get("reward/mean") == 0.0 and unparsed is not None and unparsed > 0.5
+        self.in_a_row = self.in_a_row + 1 if silent else 0
+        if self.limit > 0 and self.in_a_row >= self.limit:
+            raise ZeroRewardError(
+                f"step {step}: the training reward has been exactly 0 for {self.in_a_row} "
+                f"steps in a row and the verifier found no answer in {unparsed:.0%} of this "
+                "step's completions: the model does not write answers in the format the "
+                "verifier reads (e.g. a final '#### 42' or '\\boxed{42}'); look at "
+                "samples.jsonl, and fix the prompt (--few-shot, --system-prompt) or the "
+                "task. --grpo.abort-zero-reward-steps 0 turns this check off"
+            )
 
 
 def monitor_hacking(
