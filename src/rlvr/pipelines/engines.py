@@ -16,10 +16,9 @@ import torch
 from rlvr.config import ConfigError
 from rlvr.devices import Precision
 from rlvr.rollout.engine import RolloutEngine, VLLMEngine
+from rlvr.rollout.ray_engine import PLACEMENTS, WEIGHT_TRANSPORTS  # imports no Ray
 
 ENGINES = ("hf", "vllm")
-PLACEMENTS = ("separate", "colocated")
-WEIGHT_TRANSPORTS = ("object-store", "nccl")
 
 
 @dataclass(frozen=True)
@@ -77,17 +76,13 @@ def build_engine(
     default; a `VLLMEngine` over `model_dir` (the weights the run starts from); or a
     `RayEngine` of `rollout_workers` actors, each sampling with its own copy (vLLM's, with
     `--engine vllm`), every wait bounded by `timeout_s`."""
+    factory = (
+        VLLMFactory(str(model_dir), precision.dtype_name, seed) if p.engine == "vllm" else None
+    )
     if not p.ray:
-        if p.engine == "hf":
-            return None
-        return VLLMEngine(
-            model_dir, tokenizer, str(precision.device), precision.dtype_name, seed=seed
-        )
+        return factory(tokenizer, str(precision.device)) if factory else None
     from rlvr.rollout.ray_engine import RayEngine
 
-    factory = None
-    if p.engine == "vllm":
-        factory = VLLMFactory(str(model_dir), precision.dtype_name, seed)
     return RayEngine(
         model,
         tokenizer,

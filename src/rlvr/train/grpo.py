@@ -188,9 +188,7 @@ def build_trainer(
             "async_steps > 0 with several torchrun ranks is not supported yet: run the "
             "asynchronous mode in one process (with --ray rollout workers if you like)"
         )
-    threads = torch.get_num_threads()
-    if config.async_steps > 0:
-        threads = max(1, threads - 1)
+    threads = _learner_threads(config.async_steps)
     workers = (
         dist_ctx.world_size if sharded else default_workers(model, config.cpu_workers, threads)
     )
@@ -300,7 +298,7 @@ def train_grpo(
     with stop.installed(), _update_threads(t.plan), _closing(t, checkpoints, run):
         for step in bar:
             result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
-            t.state.step, t.state.data_position = step, t.rollout.consumed
+            t.state.step = step  # the data position is taken when checkpointing
             nonfinite_in_a_row = (
                 nonfinite_in_a_row + 1 if "update/nonfinite" in result.metrics else 0
             )
@@ -340,12 +338,18 @@ def train_grpo(
     return read_jsonl(run.metrics_path) if ctx.is_main else []
 
 
+def _learner_threads(async_steps: int) -> int:
+    """The update's torch threads: all of them, or one fewer with rollouts sampled in a
+    background thread (sampling has the other)."""
+    threads = torch.get_num_threads()
+    return max(1, threads - 1) if async_steps > 0 else threads
+
+
 def _update_threads(plan: StepPlan) -> contextlib.AbstractContextManager:
-    """With rollouts sampled in a background thread, the update keeps one torch thread fewer
-    (sampling has the other; torch's thread count is process-wide)."""
+    """The loop's torch thread count (process-wide) set to `_learner_threads`."""
     if plan.async_steps == 0:
         return contextlib.nullcontext()
-    return torch_threads(max(1, torch.get_num_threads() - 1))
+    return torch_threads(_learner_threads(plan.async_steps))
 
 
 @contextlib.contextmanager

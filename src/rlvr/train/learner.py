@@ -188,7 +188,7 @@ class Learner:
             plan.loss_fn,
             plan.sampling.temperature,  # the loss scores the distribution sampled from
             plan.workers,
-            logprob_chunk_tokens=plan.logprob_chunk_tokens,
+            logprob_chunk_tokens=self.chunk_tokens,
             dist_ctx=state.dist_ctx,
         )
 
