@@ -43,9 +43,15 @@ def build_task(
         return code_task.task_spec()
     if name == "tool":
         return tool_task.task_spec()
+    if name.startswith("reasoning_gym:"):
+        from rlvr.tasks import reasoning_gym
+
+        return reasoning_gym.task_spec(name.removeprefix("reasoning_gym:"), seed=seed)
     if name.endswith(".jsonl"):
         return jsonl.task_spec(name, seed=seed)
-    raise ValueError(f"unknown task {name!r}; choose {', '.join(TASKS)} or a FILE.jsonl")
+    raise ValueError(
+        f"unknown task {name!r}; choose {', '.join(TASKS)}, a FILE.jsonl or reasoning_gym:NAME"
+    )
 
 
 def training_reward(name: str, task: TaskSpec) -> Callable[..., Sequence[float | None]]:
