@@ -97,6 +97,22 @@ def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
     )
     result = json.loads(capsys.readouterr().out)
     assert result["problems"] == 16 and 0 <= result["accuracy"] <= 1
+    low, high = result["ci95"]["accuracy"]
+    assert low <= result["accuracy"] <= high  # one greedy sample: the Wilson interval
+
+    # sampled: mean@4 and the unbiased pass@1 <= pass@2 <= pass@4, each with an interval
+    evaluate = ["eval", "--model", str(run / "model"), "--arithmetic.digits", "2"]
+    evaluate += ["--arithmetic.held-out-size", "16", "--max-new-tokens", "30"]
+    main([*evaluate, "--temperature", "1.0", "--num-samples", "4"])
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["samples_per_problem"] == 4
+    assert result["pass@1"] == pytest.approx(result["mean@4"])  # 0/1 scores
+    assert result["pass@1"] <= result["pass@2"] <= result["pass@4"]
+    for name in ("mean@4", "pass@1", "pass@2", "pass@4"):
+        assert result["ci95"][name][0] <= result[name] <= result["ci95"][name][1]
+    assert "pass@4" in captured.err and "95% intervals" in captured.err
+    assert "--temperature" in cli_error([*evaluate, "--num-samples", "4"], capsys)
 
 
 def test_base_model_is_cached_by_config_hash(tmp_path):
@@ -189,3 +205,12 @@ def test_code_and_tool_tasks_train_end_to_end(task, tmp_path):
     assert 0 <= metrics[1][f"reward/{task}_task_reward"] <= 1
     summary = json.loads((tmp_path / task / "summary.json").read_text())
     assert summary["held_out_problems"] > 0
+
+
+def test_a_base_that_never_writes_a_readable_answer_is_warned_about(tmp_path, capsys):
+    untrained = list(TINY)
+    untrained[untrained.index("--base.steps") + 1] = "1"  # one step: no '####' answer yet
+    runs, cache = ["--runs-dir", str(tmp_path)], ["--cache-dir", str(tmp_path / "cache")]
+    main(["lab", *runs, *cache, "--run-name", "untrained", *untrained])
+    err = capsys.readouterr().err
+    assert "wrote no answer the verifier can read in any of its 16" in err

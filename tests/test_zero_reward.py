@@ -7,7 +7,14 @@ import pytest
 from rlvr.report.run_dir import RunDirectory
 from rlvr.train.config import GRPOConfig
 from rlvr.train.grpo import train_grpo
-from rlvr.train.monitor import ZeroRewardError, ZeroRewardWatch, unparsed_fraction
+from rlvr.train.monitor import (
+    ZeroRewardError,
+    ZeroRewardWatch,
+    never_parsed_warning,
+    unparsed_fraction,
+    unparsed_share,
+)
+from rlvr.verifiers.math import math_reward
 from tests.test_async import rows, tiny
 
 
@@ -66,3 +73,15 @@ def test_a_run_the_verifier_cannot_read_stops_naming_the_format(tmp_path):
             seed=0,
             progress=False,
         )
+
+
+def test_the_base_warning_comes_only_when_no_completion_has_a_readable_answer():
+    held_out = [{"prompt": "2+3=", "answer": "5"}, {"prompt": "4+4=", "answer": "8"}]
+    prose = ["the sum is 5", "eight"]  # numbers in prose: the verifier reads no answer
+    assert unparsed_share(math_reward, held_out, prose) == 1.0
+    message = never_parsed_warning(1.0, 2)
+    assert message is not None and "any of its 2" in message and "####" in message
+    one_read = ["#### 6", "eight"]  # wrong, but read: the format is learnable
+    assert unparsed_share(math_reward, held_out, one_read) == 0.5
+    assert never_parsed_warning(0.5, 2) is None
+    assert never_parsed_warning(None, 2) is None  # a verifier that does not say

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field  # noqa: E402
 
 import tyro  # noqa: E402
 
-from rlvr.config import UserError  # noqa: E402
+from rlvr.config import ConfigError, UserError  # noqa: E402
 from rlvr.pipelines.lab import LabConfig, run_lab  # noqa: E402
 from rlvr.pipelines.sample import SampleConfig, run_sample  # noqa: E402
 from rlvr.pipelines.sft import SFTConfig, run_sft  # noqa: E402
@@ -36,9 +36,11 @@ class EvalConfig:
     max_new_tokens: int | None = None
     """Completion budget in tokens (None: the task's own)."""
     temperature: float = 0.0
-    """0 is greedy; > 0 gives sampled pass@1 at that temperature."""
+    """0 is greedy; > 0 samples at that temperature."""
     num_samples: int = 1
-    """Completions per problem (averaged) when sampling."""
+    """Completions per problem (n; needs --temperature > 0 when above 1): prints mean@n and
+    pass@k (the unbiased estimator) for k = 1, 2, 4, ... up to n, each with a 95% interval
+    (Wilson for one greedy sample, else bootstrap over problems)."""
     seed: int = 0
     """Sampling seed."""
     device: str = "auto"
@@ -216,10 +218,17 @@ def evaluate(config: EvalConfig) -> None:
     """`rlvr eval`: print a model's held-out accuracy (or its thinking-budget curve)."""
     from rlvr.devices import on_device, resolve_precision
     from rlvr.models.tiny import load_model
-    from rlvr.tasks.registry import build_task
+    from rlvr.pipelines.common import user_task
 
+    if config.num_samples < 1:
+        raise ConfigError(f"--num-samples must be at least 1, got {config.num_samples}")
+    if config.num_samples > 1 and config.temperature == 0:
+        raise ConfigError(
+            f"--num-samples {config.num_samples} with greedy decoding repeats one completion; "
+            "pass --temperature above 0 (e.g. 1.0) to sample"
+        )
     precision = resolve_precision(config.device, config.dtype)
-    task = build_task(config.task, config.arithmetic, config.reasoning)
+    task = user_task(config.task, config.arithmetic, config.reasoning)
     model, tokenizer = load_model(config.model, device=precision.device)
     with on_device(precision):
         _evaluate(config, model, tokenizer, task)
@@ -229,7 +238,8 @@ def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
     """`rlvr eval` once the model is loaded."""
     from rlvr.models.chat import format_rows
     from rlvr.pipelines.common import few_shot_examples
-    from rlvr.train.evaluate import held_out_accuracy
+    from rlvr.report.stats import sample_metrics
+    from rlvr.train.evaluate import held_out_samples
 
     rows = task.held_out_rows()
     if config.task == "reasoning":
@@ -241,7 +251,7 @@ def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
         return
     examples = few_shot_examples(task, config.few_shot)
     rows = format_rows(tokenizer, rows, config.chat_template, config.system_prompt, examples)
-    accuracy = held_out_accuracy(
+    samples = held_out_samples(
         model,
         tokenizer,
         rows,
@@ -251,15 +261,36 @@ def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
         num_samples=config.num_samples,
         seed=config.seed,
     )
+    n = config.num_samples
+    metrics = sample_metrics(samples.scores, ks=_pass_ks(n))
     mode = "greedy" if config.temperature == 0 else f"sampled at T={config.temperature}"
     result = {
         "model": config.model,
         "task": config.task,
         "mode": mode,
         "problems": len(rows),
-        "accuracy": accuracy,
+        "samples_per_problem": n,
+        "accuracy": metrics[f"mean@{n}"],
+        f"mean@{n}": metrics[f"mean@{n}"],
+        **{f"pass@{k}": v for k, v in metrics["pass@k"].items()},
+        "ci95": metrics["ci95"] | {"accuracy": metrics["ci95"][f"mean@{n}"]},
     }
     print(json.dumps(result))
+    shown = [f"mean@{n}"] + [f"pass@{k}" for k in metrics["pass@k"]]
+    parts = [
+        f"{name} {result[name]:.3f} [{result['ci95'][name][0]:.3f}, {result['ci95'][name][1]:.3f}]"
+        for name in dict.fromkeys(shown)
+    ]
+    print(
+        f"[rlvr] {config.task}, {len(rows)} problems, {mode}, 95% intervals: " + ", ".join(parts),
+        file=sys.stderr,
+    )
+
+
+def _pass_ks(n: int) -> list[int]:
+    """The k of pass@k that `rlvr eval` reports for n samples per problem: 1, the powers of
+    two below n, and n."""
+    return sorted({1, n, *(2**i for i in range(1, n.bit_length()) if 2**i < n)})
 
 
 def _thinking_budget(config: EvalConfig, model, tokenizer, rows, task) -> None:

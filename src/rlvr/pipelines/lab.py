@@ -63,8 +63,9 @@ from rlvr.train.distributed import (
     init_distributed,
     main_first,
 )
-from rlvr.train.evaluate import held_out_accuracy
+from rlvr.train.evaluate import HeldOutSamples, held_out_accuracy, held_out_samples
 from rlvr.train.grpo import train_grpo
+from rlvr.train.monitor import never_parsed_warning, unparsed_share
 from rlvr.train.recipes import apply_recipe, recipe_config
 from rlvr.train.reference import check_reference_sync
 
@@ -371,10 +372,13 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
     held_out = format_rows(tokenizer, task.held_out_rows(), *template)
     budget = config.grpo.max_new_tokens
 
+    greedy: list[HeldOutSamples] = []  # the latest greedy completions (the base's, first)
+
     def evaluate(m: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
         """Held-out accuracy of `m`: greedy, and sampled at the training temperature."""
+        greedy[:] = [held_out_samples(m, tokenizer, held_out, task.score, budget)]
         return {
-            "greedy_acc": held_out_accuracy(m, tokenizer, held_out, task.score, budget),
+            "greedy_acc": greedy[0].accuracy,
             "sampled_acc": held_out_accuracy(
                 m,
                 tokenizer,
@@ -395,6 +399,10 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
             f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
             f"sampled {base_eval['sampled_acc']:.3f}",
         )
+        completions = [c for (c,) in greedy[0].completions]
+        share = unparsed_share(task.reward_fn, held_out, completions)
+        if message := never_parsed_warning(share, len(held_out)):
+            warn(message)
 
     # --- GRPO ------------------------------------------------------------------------------
     train_rows = format_rows(

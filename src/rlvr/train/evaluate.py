@@ -11,6 +11,7 @@ what Qwen3's thinking-mode fusion is meant to make a switch. Their figure and ta
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -26,7 +27,31 @@ from rlvr.workers import default_workers
 Score = Callable[[str, dict], float]
 
 
-def held_out_accuracy(
+def held_out_accuracy(*args: Any, **kwargs: Any) -> float:
+    """Mean of `score(completion, row)` over `num_samples` completions per row: the arguments
+    of `held_out_samples`, and its `accuracy`.
+
+    `temperature == 0` is greedy decoding (then one sample per row is enough); with
+    `temperature > 0` the result is pass@1 at that temperature, averaged over the samples. The
+    divisor is `len(rows) * num_samples`.
+    """
+    return held_out_samples(*args, **kwargs).accuracy
+
+
+@dataclass(frozen=True)
+class HeldOutSamples:
+    """`num_samples` completions of every held-out row and their scores, row by row."""
+
+    completions: list[list[str]]
+    scores: list[list[float]]
+
+    @property
+    def accuracy(self) -> float:
+        """The mean score over every completion (divides by rows x samples per row)."""
+        return sum(map(sum, self.scores)) / sum(map(len, self.scores))
+
+
+def held_out_samples(
     model: torch.nn.Module,
     tokenizer,
     rows: list[dict[str, str]],
@@ -37,18 +62,16 @@ def held_out_accuracy(
     seed: int = 0,
     batch_size: int = 256,
     workers: int = 0,
-) -> float:
-    """Mean of `score(completion, row)` over `num_samples` completions per row.
-
-    `temperature == 0` is greedy decoding (then one sample per row is enough); with
-    `temperature > 0` the result is pass@1 at that temperature, averaged over the samples. The
-    divisor is `len(rows) * num_samples`. `workers` sampling threads (0: one per torch thread
-    on a CPU, `rlvr.workers.default_workers`).
-    """
+) -> HeldOutSamples:
+    """`num_samples` completions per row (greedy at `temperature == 0`), each scored by
+    `score(completion, row)`: `completions[i][j]` and `scores[i][j]` are row i's j-th.
+    Seeded by `seed`; `workers` sampling threads (0: one per torch thread on a CPU,
+    `rlvr.workers.default_workers`)."""
     workers = default_workers(model, workers)
     generator = torch.Generator().manual_seed(seed)
     per_call = max(1, batch_size // num_samples)
-    correct = 0.0
+    completions: list[list[str]] = []
+    scores: list[list[float]] = []
     for start in range(0, len(rows), per_call):
         chunk = rows[start : start + per_call]
         batch = sample_completions(
@@ -61,9 +84,11 @@ def held_out_accuracy(
             generator=generator,
             workers=workers,
         )
-        repeated = [r for r in chunk for _ in range(num_samples)]
-        correct += sum(score(c, r) for c, r in zip(batch.completions, repeated, strict=True))
-    return correct / (len(rows) * num_samples)
+        for i, row in enumerate(chunk):
+            texts = batch.completions[i * num_samples : (i + 1) * num_samples]
+            completions.append(texts)
+            scores.append([float(score(c, row)) for c in texts])
+    return HeldOutSamples(completions, scores)
 
 
 # --- a pipeline stage's model, per thinking mode ------------------------------------------

@@ -30,6 +30,30 @@ def unparsed_fraction(metrics: dict[str, float], completions: int) -> float | No
     return max(counts) / completions
 
 
+def unparsed_share(
+    reward_fn: RewardFn, rows: list[dict[str, Any]], completions: list[str]
+) -> float | None:
+    """The share of `completions` (one per row of `rows`) in which `reward_fn`, scoring them
+    as in training, found no answer (`unparsed_fraction`); None when it does not say."""
+    _, metrics = total_rewards(
+        [reward_fn], [1.0], [r["prompt"] for r in rows], completions, reward_columns(rows)
+    )
+    return unparsed_fraction(metrics, len(completions))
+
+
+def never_parsed_warning(share: float | None, problems: int) -> str | None:
+    """The warning after the base model's first evaluation when the verifier found no answer
+    in any of its `problems` greedy completions (`share` 1.0), else None."""
+    if share is None or share < 1.0:
+        return None
+    return (
+        f"the base model wrote no answer the verifier can read in any of its {problems} "
+        "held-out completions: RL will see reward 0 everywhere and learn nothing; make the "
+        "prompt ask for the verifier's format (e.g. a final '#### 42' or '\\boxed{42}': "
+        "--few-shot, --system-prompt) or start from a model that writes it"
+    )
+
+
 class ZeroRewardWatch:
     """Counts the steps in a row whose reward is exactly 0 with most completions unparsed
     (more than half), and stops the run after `limit` of them (0: never)."""
