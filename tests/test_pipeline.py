@@ -7,6 +7,8 @@ from rlvr.config import ConfigError
 from rlvr.pipelines import pipeline as pipeline_module
 from rlvr.pipelines import stages
 from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
+from rlvr.report.stats import format_interval
+from rlvr.tasks.reasoning import task_spec as reasoning_task_spec
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "intermediate_size": 64}
 SPEC = {
@@ -106,6 +108,10 @@ def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
             assert 0 <= row["obeys@no_think"] <= 1 and 0 <= row["sampled"] <= 1
             assert row["length"] > 0
     assert (out / "report.png").exists() and "| cold | sft |" in (out / "report.md").read_text()
+    # every accuracy cell of report.md carries its 95% interval over the held-out problems
+    cold = next(line for line in (out / "report.md").read_text().splitlines() if "| cold |" in line)
+    n = len(reasoning_task_spec(load_pipeline(write(tmp_path, SPEC)).task).held_out_rows())
+    assert format_interval(report[1]["accuracy"], n) in cold
     assert (out / "05-budget" / "thinking_budget.png").exists()
     sft_rows = [json.loads(x) for x in open(out / "02-cold" / "sft_data.jsonl")]
     assert len(sft_rows) == 12 and sum("/no_think" in r["prompt"] for r in sft_rows) == 4
@@ -173,3 +179,20 @@ def test_sft_sources_mix_generated_rows_and_retagged_sample_rows(tmp_path):
     assert sum(p.startswith("/no_think") for p in prompts) == 2
     with pytest.raises(ValueError, match="unknown SFT data source 's@loud'"):
         stages.sft_pairs(("s@loud",), ctx, seed=0)
+
+
+def test_the_compare_table_quotes_accuracies_with_intervals():
+    from rlvr.pipelines.compare import format_table
+
+    row = {
+        "final_greedy_acc": 0.9,
+        "final_sampled_acc": 0.75,
+        "held_out_problems": 200,
+        "steps_to_80pct": 12,
+        "frac_zero_std_groups": 0.5,
+        "completion_len_mean": 20.0,
+        "seconds_per_step": 1.5,
+        "peak_rss_mb": 900.0,
+    }
+    table = format_table({"grpo": row})
+    assert format_interval(0.9, 200) in table and format_interval(0.75, 200) in table

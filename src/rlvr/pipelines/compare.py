@@ -18,6 +18,7 @@ from typing import Any
 from rlvr.config import UserError
 from rlvr.pipelines.lab import LabConfig, run_lab
 from rlvr.report.run_dir import read_jsonl
+from rlvr.report.stats import format_interval
 
 
 def run_recipe(config: LabConfig) -> dict[str, Any]:
@@ -64,6 +65,7 @@ def summarize_run(run_dir: Path, peak_rss_mb: float, target: float = 0.8) -> dic
     return {
         "final_greedy_acc": summary["final_greedy_acc"],
         "final_sampled_acc": summary["final_sampled_acc"],
+        "held_out_problems": summary["held_out_problems"],
         "steps_to_80pct": reached[0] if reached else None,
         "frac_zero_std_groups": _mean([m.get("frac_zero_std_groups") for m in steps]),
         "completion_len_mean": _mean([m.get("completion/len_mean") for m in steps]),
@@ -84,7 +86,8 @@ def _number(value: float | None, spec: str) -> str:
 
 
 def format_table(rows: dict[str, dict[str, Any]]) -> str:
-    """A Markdown table, one line per recipe."""
+    """A Markdown table, one line per recipe; accuracies with their 95% Wilson intervals over
+    the held-out problems (conservative for the sampled one)."""
     header = (
         "| recipe | final greedy acc | final sampled acc | steps to 80% | zero-var groups "
         "| mean length | s/step | peak RSS MB |"
@@ -92,8 +95,8 @@ def format_table(rows: dict[str, dict[str, Any]]) -> str:
     lines = [header, "|" + " --- |" * 8]
     for name, r in rows.items():
         cells = [
-            f"{r['final_greedy_acc']:.3f}",
-            f"{r['final_sampled_acc']:.3f}",
+            format_interval(r["final_greedy_acc"], r["held_out_problems"]),
+            format_interval(r["final_sampled_acc"], r["held_out_problems"]),
             str(r["steps_to_80pct"]) if r["steps_to_80pct"] is not None else "not reached",
             _number(r["frac_zero_std_groups"], ".2f"),
             _number(r["completion_len_mean"], ".1f"),

@@ -34,6 +34,7 @@ from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
 from rlvr.report.plots import plot_pipeline
+from rlvr.report.stats import format_interval
 from rlvr.tasks import reasoning
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.evaluate import evaluate_stage_model
@@ -238,7 +239,7 @@ def _run_stages(
         )
         if record["eval"]:
             _say(progress, f"  {stage.name}: " + _one_line(record["eval"]))
-    write_report(pipeline, report, out)
+    write_report(pipeline, report, out, problems=len(task.held_out_rows()))
     return report
 
 
@@ -253,8 +254,12 @@ def check_stages(pipeline: Pipeline, task: TaskSpec) -> None:
                 raise ConfigError(f"stages[{index}] ({stage.name}).{exc}") from None
 
 
-def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) -> None:
-    """report.json, report.md (one table) and report.png (a panel per measure)."""
+def write_report(
+    pipeline: Pipeline, report: list[dict[str, Any]], out: Path, problems: int | None = None
+) -> None:
+    """report.json, report.md (one table) and report.png (a panel per measure). With the
+    number of held-out `problems`, every accuracy cell (`accuracy*`, `sampled*`) of report.md
+    carries its 95% Wilson interval over the problems (conservative for sampled accuracy)."""
     (out / "report.json").write_text(json.dumps(report, indent=2))
     measures = [
         k for k in report_columns(report) if k not in ("stage", "kind", "seconds", "cached")
@@ -268,7 +273,7 @@ def write_report(pipeline: Pipeline, report: list[dict[str, Any]], out: Path) ->
         "| --- | --- | " + " | ".join("---" for _ in measures) + " | --- |",
     ]
     for row in report:
-        cells = [_cell(row.get(m)) for m in measures]
+        cells = [_cell(row.get(m), problems if _is_accuracy(m) else None) for m in measures]
         seconds = "cached" if row["cached"] else f"{row['seconds']:.0f}"
         lines.append(f"| {row['stage']} | {row['kind']} | " + " | ".join(cells) + f" | {seconds} |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
@@ -283,10 +288,18 @@ def report_columns(report: list[dict[str, Any]]) -> list[str]:
     return columns
 
 
-def _cell(value: Any) -> str:
-    """A report table cell: blank, 3 decimals for a share, 1 for a larger number."""
+def _is_accuracy(measure: str) -> bool:
+    """Whether a report column is an accuracy over the held-out problems."""
+    return measure.startswith(("accuracy", "sampled"))
+
+
+def _cell(value: Any, problems: int | None = None) -> str:
+    """A report table cell: blank, 3 decimals for a share, 1 for a larger number; an accuracy
+    over `problems` with its 95% interval."""
     if value is None:
         return ""
+    if problems and isinstance(value, float) and 0.0 <= value <= 1.0:
+        return format_interval(value, problems)
     return f"{value:.3f}" if isinstance(value, float) and value <= 1 else f"{value:.1f}"
 
 
