@@ -1,5 +1,8 @@
 """A run is a directory: config.yaml, metrics.jsonl, samples.jsonl, plots, summary.json, model/.
 
+Experiment trackers (`rlvr.report.loggers`, --report-to) attached to it get a copy of the
+config, metrics and samples it writes; the JSONL files are written whatever they do.
+
 Model-written text is only ever stored as JSON data, never used as a path or a command.
 """
 
@@ -8,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from rlvr.config import ConfigError, RunExistsError, UserError
+from rlvr.report.loggers import Logger, LoggerFanOut
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -25,7 +30,10 @@ class RunDirectoryError(UserError, PermissionError):
 class RunDirectory:
     """Paths and writers of one run directory. Its refusals are user errors (the CLI prints
     one line): a bad name (`ConfigError`), an existing directory without `overwrite` or
-    `resume` (`RunExistsError`, a FileExistsError), an unwritable place (`RunDirectoryError`)."""
+    `resume` (`RunExistsError`, a FileExistsError), an unwritable place (`RunDirectoryError`).
+
+    `attach(loggers)` sends what `write_config`, `log_metrics` and `log_samples` write to
+    trackers too; `close()` (or leaving a `with` block) closes them."""
 
     def __init__(self, root: str | Path, name: str, overwrite: bool = False, resume: bool = False):
         if not _SAFE_NAME.match(name):
@@ -49,6 +57,22 @@ class RunDirectory:
             probe.unlink()
         except OSError as exc:  # refuse before any compute is spent, not at the first log line
             raise RunDirectoryError(f"cannot write the run directory {self.path}: {exc}") from None
+        self.loggers = LoggerFanOut()
+
+    def attach(self, loggers: Iterable[Logger]) -> None:
+        """Send the config, metrics and samples written from now on to `loggers` as well (a
+        failing one is dropped with a warning: `LoggerFanOut`)."""
+        self.loggers.extend(loggers)
+
+    def close(self) -> None:
+        """Close the attached trackers (the JSONL files need no closing)."""
+        self.loggers.close()
+
+    def __enter__(self) -> RunDirectory:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def metrics_path(self) -> Path:
@@ -64,15 +88,18 @@ class RunDirectory:
 
     def write_config(self, config: Any) -> None:
         data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
-        text = yaml.safe_dump(json.loads(json.dumps(data)), sort_keys=False)
-        (self.path / "config.yaml").write_text(text)
+        data = json.loads(json.dumps(data))
+        (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        self.loggers.log_config(data)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         _append_jsonl(self.metrics_path, record)
+        self.loggers.log_metrics(record)
 
     def log_samples(self, records: list[dict[str, Any]]) -> None:
         for record in records:
             _append_jsonl(self.samples_path, record)
+        self.loggers.log_samples(records)
 
     def truncate_logs(self, after_step: int) -> None:
         """Drop metric and sample lines of steps after `after_step` (those a resumed run will
