@@ -169,3 +169,34 @@ def test_eval_puts_few_shot_turns_in_front_of_the_prompts_as_train_does(tmp_path
     plain, few = seen[:4], seen[4:]
     assert all(p.count("<|start|>user") == 1 for p in plain)
     assert all(p.count("<|start|>user") == 3 and "#### " in p for p in few)
+
+
+def test_a_rows_own_messages_go_through_the_template():
+    tok = bpe_tokenizer()
+    messages = [{"role": "system", "content": "Use ####."}, {"role": "user", "content": "1+1="}]
+    rows = [{"prompt": "Use ####.\n\n1+1=", "messages": messages, "answer": "2"}]
+    # the row's own system message wins over the caller's; examples go before its user turn
+    (row,) = format_rows(tok, rows, True, "Be brief.", [("2+2=", "#### 4")])
+    assert row["prompt"] == (
+        "<|start|>system\nUse ####.<|end|>"
+        "<|start|>user\n2+2=<|end|><|start|>assistant\n#### 4<|end|>"
+        "<|start|>user\n1+1=<|end|><|start|>assistant\n"
+    )
+    assert row["messages"] == messages and row["answer"] == "2"
+    assert tok(row["prompt"])["input_ids"].count(tok.bos_token_id) == 1
+    # without a system message of their own, the caller's comes first
+    (row,) = format_rows(tok, [{"prompt": "1+1=", "messages": messages[1:]}], True, "Be brief.")
+    assert row["prompt"] == format_prompt(tok, "1+1=", True, system="Be brief.")
+    # no template: the joined text is the prompt, as the row has it
+    char = build_char_tokenizer()
+    assert format_rows(char, rows, chat_template=True) is rows
+    assert format_rows(tok, rows, chat_template=False) is rows
+
+
+def test_row_formatter_reads_the_prompt_of_a_row_without_messages():
+    from rlvr.models.chat import row_formatter
+
+    tok = bpe_tokenizer()
+    fmt = row_formatter(tok, True, "Be brief.")
+    assert fmt({"prompt": "1+1="}) == format_prompt(tok, "1+1=", True, system="Be brief.")
+    assert row_formatter(build_char_tokenizer(), True)({"prompt": "1+1="}) == "1+1="
