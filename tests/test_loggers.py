@@ -14,6 +14,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -299,9 +300,14 @@ def wandb_history(run_dir: Path) -> tuple[list[tuple[str, int, float]], dict, di
     """(the logged points, the run's config, the `samples/...` items of the last step) of the
     offline wandb run under `run_dir`."""
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    # finish() returns before wandb's core has always written the file out: wait for its end
+    deadline = time.monotonic() + 30
+    while (records := list(wandb_records(path))) == [] or _kind(records[-1]) != "exit":
+        assert time.monotonic() < deadline, f"{path} has no exit record after 30 s"
+        time.sleep(0.1)
     points, config, samples = [], {}, {}
-    for record in wandb_records(path):
-        kind = record.WhichOneof("record_type")
+    for record in records:
+        kind = _kind(record)
         if kind == "run":
             config |= {i.key: json.loads(i.value_json) for i in record.run.config.update}
         elif kind == "config":
@@ -314,6 +320,10 @@ def wandb_history(run_dir: Path) -> tuple[list[tuple[str, int, float]], dict, di
                 (k, step, float(v)) for k, v in items.items() if not k.startswith(("_", "samples"))
             ]
     return points, config, samples
+
+
+def _kind(record) -> str:
+    return record.WhichOneof("record_type")
 
 
 def test_wandb_offline_end_to_end(tmp_path, monkeypatch):

@@ -101,11 +101,10 @@ def open_loggers(
     ConfigError is raised."""
     opened: list[Logger] = []
     try:
-        for name in names:
+        for name in parse_report_to(",".join(names)):  # checked again: `none` opens nothing
             opened.append(_OPENERS[name](Path(run_dir), run_name, config, resume_step, project))
     except BaseException:
-        for logger in opened:
-            logger.close()
+        LoggerFanOut(opened).close()
         raise
     return opened
 
