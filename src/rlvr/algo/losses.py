@@ -1,4 +1,5 @@
-"""The policy loss (PPO-clip surrogate + optional KL penalty) and PPO's clipped value loss.
+"""The policy loss (a surrogate of the chosen name + optional KL penalty) and PPO's clipped
+value loss.
 
 The importance ratio is chosen by name from :data:`RATIO_LEVELS`; each is
 ``f(logp[B, T], old_logp[B, T], mask[B, T]) -> ratio[B, T]``:
@@ -25,6 +26,29 @@ Clipping, per token, with ``r`` the ratio of the chosen level and ``A`` the adva
 The second line is dual-clip PPO (Ye et al. 2020; verl's ``clip_ratio_c``): for a negative
 advantage the PPO loss grows without bound in ``r``, so a token whose ratio exploded (``r >
 clip_ratio_c``) gets the constant loss ``-A * clip_ratio_c`` and no gradient.
+
+The surrogate is chosen by name from :data:`SURROGATES`; ``epsilon_low`` / ``epsilon_high`` are
+its clip range, whose meaning each surrogate states:
+
+- ``"ppo-clip"``: the PPO-clip loss above (the default); ``epsilon_*`` clip the ratio.
+- ``"cispo"``: CISPO (MiniMax-M1, arXiv:2506.13585, eq. 4), per token
+  ``-sg[clip(r, 1 - epsilon_low, 1 + epsilon_high)] * A * logp``: the importance weight is
+  clipped and its gradient stopped, so every token keeps the gradient ``-clip(r) * A`` of its
+  log-prob, where PPO-clip gives a clipped token none. MiniMax set no lower bound on the weight
+  ("setting epsilon_low^IS to a large value"; ``epsilon_low = 1`` floors it at 0, which no ratio
+  is below) and tuned only ``epsilon_high``.
+- ``"gmpo"``: GMPO (Zhao et al. 2025, arXiv:2507.20673, and its reference code
+  ``callsys/GMPO`` ``train_zero_math_gmpo.py``), per sequence
+  ``-A_i * exp(mean_t clip_A(logp_t - old_logp_t))``: the geometric mean of the token ratios,
+  each log-ratio clipped in log space at its token, on the pessimistic side of the advantage's
+  sign (``A_i >= 0``: capped at ``+epsilon_high``; ``A_i < 0``: floored at ``-epsilon_low``,
+  the paper's range ``(e^-0.4, e^0.4)`` being ``epsilon_* = 0.4``). Needs
+  ``ratio_level="token"`` (it builds its own sequence ratio). Deviation: the paper defines one
+  advantage per sequence; ``[B, T]`` advantages (GAE, a rollout correction's weights folded in)
+  are first averaged over the row's tokens (verl's ``geo_mean`` does the same).
+
+The dual clip ``clip_ratio_c`` is PPO-clip's only: CISPO's weight is already capped and GMPO's
+paper has none, so the other surrogates refuse it (:func:`surrogate_conflicts`).
 """
 
 from __future__ import annotations
@@ -39,11 +63,16 @@ from rlvr.algo.reductions import AGGREGATIONS, masked_mean
 
 __all__ = [
     "RATIO_LEVELS",
+    "SURROGATES",
     "policy_loss",
     "ratio_gspo_token",
     "ratio_sequence",
     "ratio_surrogate",
     "ratio_token",
+    "surrogate_cispo",
+    "surrogate_conflicts",
+    "surrogate_gmpo",
+    "surrogate_ppo_clip",
     "value_loss",
 ]
 
@@ -149,8 +178,7 @@ def ratio_surrogate(
         ``r < 1 - epsilon_low`` with ``A < 0``); ``is_dual_clipped`` ``[B, T]`` bool, ``A < 0``
         and the dual-clip cap is strictly the smaller (all False without ``clip_ratio_c``).
     """
-    if advantages.dim() == ratio.dim() - 1:
-        advantages = advantages.unsqueeze(-1)  # [B, 1]
+    advantages = _per_token(advantages, ratio)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high) * advantages
     per_token_loss = -torch.minimum(unclipped, clipped)
@@ -165,6 +193,176 @@ def ratio_surrogate(
             advantages < 0, torch.minimum(per_token_loss, cap), per_token_loss
         )
     return per_token_loss, is_clipped, is_dual_clipped
+
+
+def _per_token(advantages: Tensor, like: Tensor) -> Tensor:
+    """``[B, 1]`` from per-sequence ``[B]`` advantages (broadcasting over ``like``'s tokens);
+    ``[B, T]`` advantages unchanged."""
+    return advantages.unsqueeze(-1) if advantages.dim() == like.dim() - 1 else advantages
+
+
+def surrogate_ppo_clip(
+    ratio: Tensor,
+    advantages: Tensor,
+    *,
+    logp: Tensor,
+    log_ratio: Tensor,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    clip_ratio_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Surrogate ``"ppo-clip"``: :func:`ratio_surrogate` of ``ratio`` (PPO-clip, optional dual
+    clip). No reduction: one loss per token; the aggregation divides.
+
+    ``logp``, ``log_ratio`` and ``mask`` are accepted for the uniform signature of
+    :data:`SURROGATES` and unused.
+
+    Returns:
+        tuple[Tensor, Tensor, Tensor]: see :func:`ratio_surrogate`.
+    """
+    del logp, log_ratio, mask
+    return ratio_surrogate(ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c)
+
+
+def surrogate_cispo(
+    ratio: Tensor,
+    advantages: Tensor,
+    *,
+    logp: Tensor,
+    log_ratio: Tensor,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    clip_ratio_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Surrogate ``"cispo"`` (MiniMax-M1, arXiv:2506.13585, eq. 4): clip the IS weight, not the
+    update.
+
+    ``per_token = -sg[clip(r, 1 - epsilon_low, 1 + epsilon_high)] * A * logp``, so
+    ``d per_token / d logp = -clip(r) * A`` on every token, a clipped one included (PPO-clip
+    gives that token 0). The value is a REINFORCE-style ``-w * A * logp``, not PPO's ``-r * A``:
+    only its gradient is meaningful. No reduction here: one loss per token (MiniMax-M1 divides
+    the sum by the batch's token count, ``aggregation="token-mean"``).
+
+    Args:
+        ratio (Tensor): ``[B, T]`` importance ratios of the chosen level (their gradient is
+            stopped).
+        advantages (Tensor): ``[B]`` or ``[B, T]``.
+        logp (Tensor): ``[B, T]`` current log-probs (with grad; padding already 0).
+        log_ratio (Tensor): unused (uniform signature).
+        mask (Tensor): unused (uniform signature).
+        epsilon_low (float): weight floor ``1 - epsilon_low`` (1: no floor, MiniMax's choice).
+        epsilon_high (float): weight cap ``1 + epsilon_high``.
+        clip_ratio_c (float | None): must be ``None`` (``policy_loss`` refuses a dual clip).
+
+    Returns:
+        tuple[Tensor, Tensor, Tensor]: ``per_token_loss`` ``[B, T]``; ``is_clipped`` ``[B, T]``
+        bool, *the IS weight was clipped* (``r > 1 + epsilon_high`` or ``r < 1 - epsilon_low``,
+        whatever the advantage's sign: the token still has a gradient); all-False
+        ``is_dual_clipped``.
+    """
+    del log_ratio, mask, clip_ratio_c
+    advantages = _per_token(advantages, ratio)
+    weight = torch.clamp(ratio.detach(), 1 - epsilon_low, 1 + epsilon_high)
+    per_token_loss = -weight * advantages * logp
+    is_clipped = (ratio > 1 + epsilon_high) | (ratio < 1 - epsilon_low)
+    return per_token_loss, is_clipped, torch.zeros_like(is_clipped)
+
+
+def surrogate_gmpo(
+    ratio: Tensor,
+    advantages: Tensor,
+    *,
+    logp: Tensor,
+    log_ratio: Tensor,
+    mask: Tensor,
+    epsilon_low: float,
+    epsilon_high: float,
+    clip_ratio_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Surrogate ``"gmpo"`` (Geometric-Mean Policy Optimization, arXiv:2507.20673): per
+    sequence, ``-A_i`` times the geometric mean of its token ratios, each clipped in log space.
+
+    Per token, on the pessimistic side of ``A_i``'s sign (the reference code's
+    ``sgn(A) * max(sgn(A) * d, clip(sgn(A) * d))`` with ``sgn = -1`` for ``A >= 0``)::
+
+        d_t   = logp_t - old_logp_t
+        c_t   = min(d_t, epsilon_high)   if A_i >= 0
+              = max(d_t, -epsilon_low)   if A_i < 0
+        rho_i = exp(sum_t mask * c_t / sum_t mask)       # the row's |y_i| tokens; 1 if empty
+        L_i   = -A_i * rho_i = -sgn(A_i) * (prod_t |A_i| exp(c_t)) ** (1 / |y_i|)
+
+    The geometric mean divides the row's summed clipped log-ratios by its own token count
+    ``|y_i|``; ``L_i`` is then put on every position of row ``i``, so the aggregation sets the
+    divisor over sequences: ``"seq-mean-token-mean"`` (GMPO's ``1/G sum_i``) divides each
+    row's mean, ``L_i``, summed over rows by ``num_seqs``; ``"token-mean"`` weighs ``L_i`` by
+    ``|y_i|`` and divides by ``num_tokens``. The gradient is ``-A_i * rho_i / |y_i|`` per
+    token whose clip is not active and 0 where it is.
+
+    Args:
+        ratio (Tensor): unused (uniform signature; ``policy_loss`` requires
+            ``ratio_level="token"``).
+        advantages (Tensor): ``[B]`` per-sequence; ``[B, T]`` is averaged over each row's
+            masked tokens first (the paper has one advantage per sequence).
+        logp (Tensor): unused (uniform signature).
+        log_ratio (Tensor): ``[B, T]`` ``logp - old_logp`` (with grad; padding already 0).
+        mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
+        epsilon_low (float): log-ratio floor ``-epsilon_low`` for ``A < 0`` (paper: 0.4).
+        epsilon_high (float): log-ratio cap ``+epsilon_high`` for ``A >= 0`` (paper: 0.4).
+        clip_ratio_c (float | None): must be ``None`` (``policy_loss`` refuses a dual clip).
+
+    Returns:
+        tuple[Tensor, Tensor, Tensor]: ``per_token_loss`` ``[B, T]`` (``L_i`` along row ``i``);
+        ``is_clipped`` ``[B, T]`` bool, the token's log-ratio clip is active (``d_t >
+        epsilon_high`` with ``A_i >= 0`` or ``d_t < -epsilon_low`` with ``A_i < 0``);
+        all-False ``is_dual_clipped``.
+    """
+    del ratio, logp, clip_ratio_c
+    seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=1)
+    positive = (seq_adv >= 0).unsqueeze(-1)  # [B, 1]
+    clipped = torch.where(
+        positive, log_ratio.clamp(max=epsilon_high), log_ratio.clamp(min=-epsilon_low)
+    )
+    is_clipped = torch.where(positive, log_ratio > epsilon_high, log_ratio < -epsilon_low)
+    seq_ratio = torch.exp(masked_mean(clipped, mask, dim=1))  # [B] geometric means
+    per_token_loss = (-seq_adv * seq_ratio).unsqueeze(-1).expand_as(log_ratio)
+    return per_token_loss, is_clipped, torch.zeros_like(is_clipped)
+
+
+SURROGATES: dict[str, Callable[..., tuple[Tensor, Tensor, Tensor]]] = {
+    "ppo-clip": surrogate_ppo_clip,
+    "cispo": surrogate_cispo,
+    "gmpo": surrogate_gmpo,
+}
+"""Policy surrogates by name; each is ``f(ratio, advantages, *, logp, log_ratio, mask,
+epsilon_low, epsilon_high, clip_ratio_c) -> (per_token_loss, is_clipped, is_dual_clipped)``,
+all ``[B, T]``."""
+
+
+def surrogate_conflicts(
+    surrogate: str, *, ratio_level: str, clip_ratio_c: float | None
+) -> list[str]:
+    """The settings ``surrogate`` cannot run with, one sentence each naming the setting.
+
+    GMPO builds its own sequence ratio from token ratios (``ratio_level`` must be ``"token"``);
+    the dual clip is PPO-clip's only.
+
+    Returns:
+        list[str]: empty when the combination is valid (an unknown ``surrogate`` included:
+        that is the caller's registry check).
+    """
+    problems = []
+    if surrogate == "gmpo" and ratio_level != "token":
+        problems.append(
+            "ratio_level must be token with surrogate=gmpo (GMPO takes its own geometric mean "
+            f"of the token ratios), got {ratio_level}"
+        )
+    if surrogate in SURROGATES and surrogate != "ppo-clip" and clip_ratio_c is not None:
+        problems.append(
+            f"clip_ratio_c is PPO-clip's dual clip: unset it with surrogate={surrogate}"
+        )
+    return problems
 
 
 def policy_loss(
@@ -184,15 +382,18 @@ def policy_loss(
     max_len: int | None = None,
     ratio_level: str = "token",
     clip_ratio_c: float | None = None,
+    surrogate: str = "ppo-clip",
 ) -> tuple[Tensor, dict[str, float]]:
     """GRPO policy loss of one (micro-)batch.
 
     ``ratio = RATIO_LEVELS[ratio_level](logp, old_logp, mask)``, then
-    ``per_token = ratio_surrogate(ratio, ...) + beta * KL_ESTIMATORS[kl_estimator](logp, ref_logp)``
-    (the KL term only when ``beta > 0``; it is always per token, whatever the ratio level), then
-    aggregated over the masked tokens by ``AGGREGATIONS[aggregation]``. The defaults
-    (``ratio_level="token"``, ``clip_ratio_c=None``) are plain PPO-clip per token. What the loss
-    divides by:
+    ``per_token = SURROGATES[surrogate](ratio, ...) + beta * KL_ESTIMATORS[kl_estimator](logp,
+    ref_logp)`` (the KL term only when ``beta > 0``; it is always per token, whatever the ratio
+    level), then aggregated over the masked tokens by ``AGGREGATIONS[aggregation]``. The defaults
+    (``ratio_level="token"``, ``clip_ratio_c=None``, ``surrogate="ppo-clip"``) are plain
+    PPO-clip per token. ``"cispo"`` is per token too; ``"gmpo"`` first divides each row's
+    clipped log-ratios by the row's token count (its geometric mean) and puts the sequence's
+    loss on each of its tokens (see :func:`surrogate_gmpo`). What the loss then divides by:
 
     - ``"token-mean"``: the masked-token sum divided by ``num_tokens`` (default: the masked
       tokens of this batch, ``mask.sum()``).
@@ -210,7 +411,10 @@ def policy_loss(
     Metrics (python floats, no grad, masked means over all completion tokens of the batch,
     whatever the aggregation):
 
-    - ``"policy/clip_frac"``: fraction of tokens where the clipped branch is active.
+    - ``"policy/clip_frac"``: fraction of tokens where the surrogate's clip is active: for
+      ``"ppo-clip"`` the clipped branch (the token has no gradient), for ``"cispo"`` *the IS
+      weight was clipped* (either bound, any advantage sign; the token keeps a gradient), for
+      ``"gmpo"`` the token's log-ratio was clipped.
     - ``"policy/approx_kl"``: k3 estimate of ``KL(pi_old || pi)`` (the tokens were sampled from
       ``pi_old``), i.e. ``kl_k3(old_logp, logp)``; how far the update moved the policy.
     - ``"policy/kl_ref"``: the chosen estimator of ``KL(pi || pi_ref)``; only when ``beta > 0``.
@@ -225,8 +429,9 @@ def policy_loss(
         advantages (Tensor): ``[B]`` per-sequence advantages (broadcast over tokens) or
             ``[B, T]`` per-token advantages (e.g. GAE); padded positions are ignored.
         mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
-        epsilon_low (float): lower clip width (>= 0).
-        epsilon_high (float): upper clip width (>= 0).
+        epsilon_low (float): lower clip width (>= 0) of the surrogate: the ratio's for
+            ``"ppo-clip"``, the IS weight's for ``"cispo"``, the log-ratio's for ``"gmpo"``.
+        epsilon_high (float): upper clip width (>= 0), the same way.
         beta (float): KL-penalty coefficient (>= 0); 0 disables the KL term.
         ref_logp (Tensor | None): ``[B, T]`` reference log-probs; required when ``beta > 0``.
         kl_estimator (str): a key of ``KL_ESTIMATORS``: ``"k1"``, ``"k2"`` or ``"k3"``.
@@ -237,13 +442,16 @@ def policy_loss(
         ratio_level (str): a key of :data:`RATIO_LEVELS`: ``"token"``, ``"sequence"`` or
             ``"gspo-token"``.
         clip_ratio_c (float | None): dual-clip constant (> 1) for negative advantages;
-            ``None`` disables the dual clip.
+            ``None`` disables the dual clip. ``"ppo-clip"`` only.
+        surrogate (str): a key of :data:`SURROGATES`: ``"ppo-clip"``, ``"cispo"`` or
+            ``"gmpo"`` (``"gmpo"`` needs ``ratio_level="token"``).
 
     Returns:
         tuple[Tensor, dict[str, float]]: the 0-d loss and the metrics.
 
     Raises:
-        ValueError: unknown ``aggregation``, ``kl_estimator`` or ``ratio_level``;
+        ValueError: unknown ``aggregation``, ``kl_estimator``, ``ratio_level`` or
+            ``surrogate``; a combination :func:`surrogate_conflicts` refuses;
             ``clip_ratio_c <= 1``; negative ``beta`` or epsilon;
             ``beta > 0`` without ``ref_logp``; mismatched shapes; ``max_len`` missing for
             ``"seq-mean-token-sum-norm"``.
@@ -251,6 +459,10 @@ def policy_loss(
     _check_choice("aggregation", aggregation, AGGREGATIONS)
     _check_choice("kl_estimator", kl_estimator, KL_ESTIMATORS)
     _check_choice("ratio_level", ratio_level, RATIO_LEVELS)
+    _check_choice("surrogate", surrogate, SURROGATES)
+    conflicts = surrogate_conflicts(surrogate, ratio_level=ratio_level, clip_ratio_c=clip_ratio_c)
+    if conflicts:
+        raise ValueError("; ".join(conflicts))
     _check_coefficients(epsilon_low, epsilon_high, beta, clip_ratio_c, ref_logp is not None)
     _check_policy_shapes(logp, old_logp, advantages, mask, ref_logp)
 
@@ -263,8 +475,15 @@ def policy_loss(
         advantages = torch.where(keep, advantages, advantages.new_zeros(()))
 
     ratio = RATIO_LEVELS[ratio_level](logp, old_logp, mask)
-    per_token, is_clipped, is_dual_clipped = ratio_surrogate(
-        ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c
+    per_token, is_clipped, is_dual_clipped = SURROGATES[surrogate](
+        ratio,
+        advantages,
+        logp=logp,
+        log_ratio=logp - old_logp,
+        mask=mask,
+        epsilon_low=epsilon_low,
+        epsilon_high=epsilon_high,
+        clip_ratio_c=clip_ratio_c,
     )
     kl_ref = None
     if beta > 0:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr import algo
+from rlvr.algo.losses import SURROGATES, surrogate_conflicts
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.update import LossFn
 
@@ -60,6 +61,22 @@ class GRPOConfig:
     """Dual clip for negative advantages: the loss is capped at -A * c (e.g. 3.0)."""
     ratio_level: str = "token"
     """Importance ratio per token, per sequence (GSPO) or gspo-token."""
+    surrogate: str = "ppo-clip"
+    """The policy surrogate: ppo-clip (PPO's clipped ratio, clipped by epsilon_low/high), cispo
+    (MiniMax-M1: the importance weight clipped to [1 - cispo_epsilon_low, 1 + cispo_epsilon_high]
+    and its gradient stopped, so every token keeps a gradient) or gmpo (the geometric mean of a
+    sequence's token ratios, each log-ratio clipped to [-gmpo_epsilon_low, gmpo_epsilon_high];
+    needs ratio_level token). Each reads only its own clip fields."""
+    cispo_epsilon_low: float = 1.0
+    """cispo: the weight's floor is 1 - this (1.0: floor 0, no lower clip, as MiniMax-M1)."""
+    cispo_epsilon_high: float = 4.0
+    """cispo: the weight's cap is 1 + this (4.0: cap 5, ScaleRL's epsilon_max (arXiv:2510.13786)
+    and TRL's recommended value; it only bounds the variance of a weight that grew, since a
+    clipped token keeps its gradient; verl's example caps at 1.2, SkyRL's default at 6)."""
+    gmpo_epsilon_low: float = 0.4
+    """gmpo: a negative-advantage token's log-ratio is floored at -this (the paper's e^-0.4)."""
+    gmpo_epsilon_high: float = 0.4
+    """gmpo: a non-negative-advantage token's log-ratio is capped at this (the paper's e^0.4)."""
     aggregation: str = "token-mean"
     """Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm."""
     beta: float = 0.0
@@ -200,6 +217,15 @@ with pi_old as its log-probs, advantages [N, T], loss mask [N, T], mismatch metr
 
 DEFAULT_CORRECTION_CAPS = {"tis": 2.0, "mis": 2.0, "icepop": 5.0}
 
+SURROGATE_CLIPS: dict[str, tuple[str, str]] = {
+    "ppo-clip": ("epsilon_low", "epsilon_high"),
+    "cispo": ("cispo_epsilon_low", "cispo_epsilon_high"),
+    "gmpo": ("gmpo_epsilon_low", "gmpo_epsilon_high"),
+}
+"""Each surrogate's clip fields of `GRPOConfig`, (low, high): `build_plan` passes them as
+`policy_loss`'s epsilon_low / epsilon_high. They differ because the clips mean different things
+(a ratio's, an IS weight's, a log-ratio's) and their papers' defaults differ."""
+
 
 @dataclass(frozen=True)
 class SamplingPlan:
@@ -274,10 +300,12 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
             buffer=config.overlong_buffer,
             penalty=config.overlong_penalty,
         )
+    clip_low, clip_high = SURROGATE_CLIPS[config.surrogate]
     loss_fn = functools.partial(
         algo.policy_loss,
-        epsilon_low=config.epsilon_low,
-        epsilon_high=config.epsilon_high,
+        surrogate=config.surrogate,
+        epsilon_low=getattr(config, clip_low),
+        epsilon_high=getattr(config, clip_high),
         clip_ratio_c=config.clip_ratio_c,
         ratio_level=config.ratio_level,
         beta=beta_in_loss,
@@ -353,7 +381,7 @@ def generation_threads(config: GRPOConfig, update_threads: int) -> int:
 
 def _check(config: GRPOConfig) -> None:
     """Raise one `ValueError` listing every impossible setting of `config`."""
-    problems = _switch_problems(config) + _range_problems(config)
+    problems = _switch_problems(config) + _surrogate_problems(config) + _range_problems(config)
     if problems:
         raise ValueError("invalid config: " + "; ".join(problems))
 
@@ -379,6 +407,27 @@ def _switch_problems(config: GRPOConfig) -> list[str]:
     return problems
 
 
+def _surrogate_problems(config: GRPOConfig) -> list[str]:
+    """An unknown surrogate, a setting it cannot run with, a negative clip width, or a clip
+    field of another surrogate moved from its default (it would be ignored)."""
+    if config.surrogate not in SURROGATES:
+        return [f"surrogate must be one of {sorted(SURROGATES)}"]
+    problems = surrogate_conflicts(
+        config.surrogate, ratio_level=config.ratio_level, clip_ratio_c=config.clip_ratio_c
+    )
+    defaults = GRPOConfig()
+    own = SURROGATE_CLIPS[config.surrogate]
+    for name in (name for fields in SURROGATE_CLIPS.values() for name in fields):
+        if getattr(config, name) < 0:
+            problems.append(f"{name} must be >= 0")
+        elif name not in own and getattr(config, name) != getattr(defaults, name):
+            problems.append(
+                f"{name} has no effect with surrogate={config.surrogate}: its clip is "
+                f"{own[0]} / {own[1]}"
+            )
+    return problems
+
+
 def _range_problems(config: GRPOConfig) -> list[str]:
     """Numbers outside the range where the step means anything."""
     problems = []
@@ -391,8 +440,8 @@ def _range_problems(config: GRPOConfig) -> list[str]:
         problems.append("prompts_per_step, steps and mu must be >= 1")
     if config.temperature <= 0:
         problems.append("temperature must be > 0: GRPO needs diverse samples")
-    if config.beta < 0 or config.epsilon_low < 0 or config.epsilon_high < 0:
-        problems.append("beta, epsilon_low and epsilon_high must be >= 0")
+    if config.beta < 0:  # the clip widths: `_surrogate_problems`
+        problems.append("beta must be >= 0")
     if config.max_new_tokens is None or config.max_new_tokens < 1:
         problems.append("max_new_tokens must be set (>= 1) before training")
     elif not 0 <= config.overlong_buffer < config.max_new_tokens:

@@ -1,8 +1,9 @@
 """Named recipes: nothing but sets of switches of `GRPOConfig`.
 
 GRPO and RLOO are siblings one switch apart; DAPO, Dr. GRPO and GSPO are patches, each a few
-switches that combine with the others. A recipe only lists what it changes from the defaults,
-so `rlvr recipes show NAME` prints exactly what makes it what it is.
+switches that combine with the others; CISPO and GMPO change the surrogate. A recipe only lists
+what it changes from the defaults, so `rlvr recipes show NAME` prints exactly what makes it what
+it is.
 
 Where the papers' values were tuned for billion-parameter models on long chains of thought
 (GSPO's clip range, DAPO's overlong buffer), the values here are scaled to the lab's ~40-token
@@ -64,6 +65,25 @@ RECIPES: dict[str, dict[str, Any]] = {
         "ratio_level": "sequence",
         "epsilon_low": 3e-4,
         "epsilon_high": 4e-4,
+        "aggregation": "seq-mean-token-mean",
+        "beta": 0.0,
+    },
+    # CISPO (MiniMax-M1, arXiv:2506.13585): the IS weight clipped (no floor, cap 5: the fields'
+    # defaults) and its gradient stopped, so every token keeps a gradient; token-mean, no KL
+    "cispo": {
+        "advantage_estimator": "grpo",
+        "scale_rewards": "group",
+        "surrogate": "cispo",
+        "aggregation": "token-mean",
+        "beta": 0.0,
+    },
+    # GMPO (Zhao et al. 2025, arXiv:2507.20673): the geometric mean of each sequence's token
+    # ratios, log-ratios clipped per token to (-0.4, 0.4) (the fields' defaults), then the mean
+    # over sequences; no KL, as the paper's scripts
+    "gmpo": {
+        "advantage_estimator": "grpo",
+        "scale_rewards": "group",
+        "surrogate": "gmpo",
         "aggregation": "seq-mean-token-mean",
         "beta": 0.0,
     },

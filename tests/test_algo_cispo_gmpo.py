@@ -1,0 +1,452 @@
+"""CISPO and GMPO as `policy_loss(..., surrogate=...)`: hand-derived values and gradients with
+padding in the tensors, the contrast with PPO-clip, the aggregation divisors, GMPO against a
+literal transcription of its reference code, the config switch, and two training steps of each
+recipe. Every expected number is derived in a comment."""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from rlvr.algo.losses import (
+    SURROGATES,
+    policy_loss,
+    surrogate_cispo,
+    surrogate_gmpo,
+    surrogate_ppo_clip,
+)
+from rlvr.train.config import SURROGATE_CLIPS, GRPOConfig, build_plan, check_grpo_config
+from rlvr.train.recipes import RECIPES, describe_recipe, recipe_config
+from tests.helpers import close
+from tests.test_algo_losses import ADV, GARBAGE, LOG_HALF, LOG_RATIOS, MASK
+
+# CISPO batch, test_algo_losses's: MASK [[1, 1, 1, 0], [1, 0, 0, 0]]; row 0: 3 completion
+# tokens with log-ratios 0.3, -0.1, 0.4 and A = +1; row 1: 1 token with log-ratio 0.1 and
+# A = -1; old_logp = log 0.5 = -0.6931472 everywhere, so logp = -0.3931472, -0.7931472,
+# -0.2931472 (row 0) and -0.5931472 (row 1).
+# ratios: exp(0.3) = 1.3498588, exp(-0.1) = 0.9048374, exp(0.4) = 1.4918247, exp(0.1) = 1.1051709
+# The IS weight in [1 - 1, 1 + 0.2] = [0, 1.2]: w = 1.2 (clipped), 0.9048374, 1.2 (clipped),
+# 1.1051709. Per-token loss -w * A * logp:
+#   (0,0) -1.2 * 1 * -0.3931472 = 0.4717766      (0,1) 0.9048374 * 0.7931472 = 0.7176692
+#   (0,2) -1.2 * 1 * -0.2931472 = 0.3517766      (1,0) -1.1051709 * -1 * -0.5931472 = -0.6555290
+# sum 0.8856934
+CISPO_CLIP = {"epsilon_low": 1.0, "epsilon_high": 0.2}
+
+
+def _inputs(log_ratios=LOG_RATIOS, mask=MASK, garbage=True):
+    """old_logp = log 0.5; logp = old + log-ratio; padding gets +-1e6 garbage if asked."""
+    keep = mask.bool()
+    old = torch.full(log_ratios.shape, LOG_HALF)
+    logp = old + log_ratios
+    if garbage:
+        logp = torch.where(keep, logp, GARBAGE)
+        old = torch.where(keep, old, -GARBAGE)
+    return logp.requires_grad_(True), old
+
+
+def test_registry_and_clip_fields():
+    assert SURROGATES == {
+        "ppo-clip": surrogate_ppo_clip,
+        "cispo": surrogate_cispo,
+        "gmpo": surrogate_gmpo,
+    }
+    assert set(SURROGATE_CLIPS) == set(SURROGATES)
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    assert {name for pair in SURROGATE_CLIPS.values() for name in pair} <= fields
+
+
+class TestCISPO:
+    def test_value_and_gradient_token_mean(self):
+        logp, old = _inputs()
+        loss, metrics = policy_loss(logp, old, ADV, MASK, surrogate="cispo", **CISPO_CLIP)
+        # token-mean over the 4 completion tokens: 0.8856934 / 4 = 0.2214234
+        close(loss.detach(), 0.2214234)
+        loss.backward()
+        # d/dlogp = -w * A / 4 on every token, the two clipped ones included:
+        # -1.2 / 4 = -0.3, -0.9048374 / 4 = -0.2262094, -0.3; row 1: 1.1051709 / 4 = 0.2762927
+        close(logp.grad, [[-0.3, -0.2262094, -0.3, 0.0], [0.2762927, 0.0, 0.0, 0.0]])
+        # the IS weight was clipped on (0,0) and (0,2): 2 / 4
+        assert metrics["policy/clip_frac"] == pytest.approx(0.5)
+        assert "policy/dual_clip_frac" not in metrics
+
+    def test_clipped_tokens_keep_their_gradient_unlike_ppo_clip(self):
+        # Same batch and clip range under PPO-clip: (0,0) and (0,2) have A = +1 and
+        # r > 1.2, so min(r A, 1.2 A) is the constant 1.2: gradient 0. The unclipped tokens get
+        # -A r / 4: -0.9048374 / 4 = -0.2262094 and 1.1051709 / 4 = 0.2762927, as in CISPO
+        # (there w = r).
+        logp_ppo, old = _inputs()
+        loss, _ = policy_loss(logp_ppo, old, ADV, MASK, surrogate="ppo-clip", **CISPO_CLIP)
+        loss.backward()
+        close(logp_ppo.grad, [[0.0, -0.2262094, 0.0, 0.0], [0.2762927, 0.0, 0.0, 0.0]])
+        logp_cispo, _ = _inputs()
+        loss, _ = policy_loss(logp_cispo, old, ADV, MASK, surrogate="cispo", **CISPO_CLIP)
+        loss.backward()
+        clipped = torch.tensor([[True, False, True, False], [False] * 4])
+        assert (logp_cispo.grad[clipped] != 0).all() and (logp_ppo.grad[clipped] == 0).all()
+        close(logp_cispo.grad[~clipped], logp_ppo.grad[~clipped])
+
+    def test_clip_frac_counts_a_clipped_weight_whatever_the_advantage_sign(self):
+        # One row, 2 tokens, r = 2 (log-ratio ln 2, old_logp 0, so logp = ln 2 = 0.6931472),
+        # A = -1. PPO-clip clips a negative advantage only below 1 - epsilon_low: not clipped,
+        # gradient -A r / 2 = 1.0 per token. CISPO: the weight 2 is capped at 1.2 (clipped),
+        # loss -1.2 * -1 * 0.6931472 = 0.8317766 per token, mean 0.8317766, gradient 1.2 / 2 = 0.6
+        logp = torch.full((1, 2), math.log(2.0), requires_grad=True)
+        args = (torch.zeros(1, 2), torch.tensor([-1.0]), torch.ones(1, 2))
+        loss, m_cispo = policy_loss(logp, *args, surrogate="cispo", **CISPO_CLIP)
+        close(loss.detach(), 0.8317766)
+        loss.backward()
+        close(logp.grad, [[0.6, 0.6]])
+        _, m_ppo = policy_loss(logp, *args, surrogate="ppo-clip", **CISPO_CLIP)
+        assert m_cispo["policy/clip_frac"] == 1.0 and m_ppo["policy/clip_frac"] == 0.0
+
+    def test_aggregation_divisors(self):
+        # seq-mean-token-mean: row means (0.4717766 + 0.7176692 + 0.3517766) / 3 = 0.5137408
+        # and -0.6555290, divided by 2 rows: -0.0708941; gradient -w A / (|y_i| * 2):
+        # -1.2 / 6 = -0.2, -0.9048374 / 6 = -0.1508062; row 1 1.1051709 / 2 = 0.5525855
+        logp, old = _inputs()
+        loss, _ = policy_loss(
+            logp, old, ADV, MASK, surrogate="cispo", aggregation="seq-mean-token-mean", **CISPO_CLIP
+        )
+        close(loss.detach(), -0.0708941)
+        loss.backward()
+        close(logp.grad, [[-0.2, -0.1508062, -0.2, 0.0], [0.5525855, 0.0, 0.0, 0.0]])
+        # seq-mean-token-sum-norm, max_len 5: (1.5412224 / 5 - 0.6555290 / 5) / 2
+        # = 0.8856934 / 10 = 0.0885693; gradient -w A / (5 * 2): -0.12, -0.0904837, -0.12, 0.1105171
+        logp, old = _inputs()
+        loss, _ = policy_loss(
+            logp,
+            old,
+            ADV,
+            MASK,
+            surrogate="cispo",
+            aggregation="seq-mean-token-sum-norm",
+            max_len=5,
+            **CISPO_CLIP,
+        )
+        close(loss.detach(), 0.0885693)
+        loss.backward()
+        close(logp.grad, [[-0.12, -0.0904837, -0.12, 0.0], [0.1105171, 0.0, 0.0, 0.0]])
+        # token-mean over the step's 8 tokens (gradient accumulation): 0.8856934 / 8 = 0.1107117
+        loss, _ = policy_loss(*_inputs(), ADV, MASK, surrogate="cispo", num_tokens=8, **CISPO_CLIP)
+        close(loss.detach(), 0.1107117)
+
+    def test_sequence_level_weight_has_no_cross_token_gradient(self):
+        # ratio_level sequence: s_0 = exp(0.6 / 3) = 1.2214028 > 1.2 -> w = 1.2 on row 0,
+        # s_1 = 1.1051709. The weight's gradient is stopped, so each token gets -w A / 4 of its
+        # own log-prob: -0.3 on each of row 0's tokens, 0.2762927 on row 1's. (GSPO's PPO-clip
+        # gives row 0 nothing: s_0 is clipped with A > 0.)
+        logp, old = _inputs()
+        loss, _ = policy_loss(
+            logp, old, ADV, MASK, surrogate="cispo", ratio_level="sequence", **CISPO_CLIP
+        )
+        loss.backward()
+        close(logp.grad, [[-0.3, -0.3, -0.3, 0.0], [0.2762927, 0.0, 0.0, 0.0]])
+
+
+# GMPO batch, clip 0.4 in log space. Row 0: 4 tokens (no padding), log-ratios 0.3, -0.1, 0.7, 0.2,
+# A = +1; row 1: 2 tokens and 2 padding, log-ratios -0.6, 0.2, A = -2.
+G_MASK = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+G_LOG_RATIOS = torch.tensor([[0.3, -0.1, 0.7, 0.2], [-0.6, 0.2, 0.0, 0.0]])
+G_ADV = torch.tensor([1.0, -2.0])
+GMPO_CLIP = {"epsilon_low": 0.4, "epsilon_high": 0.4}
+# Row 0 (A >= 0, cap at +0.4): clipped log-ratios 0.3, -0.1, 0.4 (clipped), 0.2; mean 0.8 / 4
+#   = 0.2; rho_0 = exp(0.2) = 1.2214028; L_0 = -1 * 1.2214028 = -1.2214028
+# Row 1 (A < 0, floor at -0.4): -0.4 (clipped), 0.2; mean -0.2 / 2 = -0.1;
+#   rho_1 = exp(-0.1) = 0.9048374; L_1 = 2 * 0.9048374 = 1.8096748
+# dL_i / dlogp_t = -A_i rho_i / |y_i| where the clip is not active, else 0:
+#   row 0: -1.2214028 / 4 = -0.3053507 on tokens 0, 1, 3; row 1: 2 * 0.9048374 / 2 = 0.9048374
+#   on token 1
+
+
+class TestGMPO:
+    def test_value_and_gradient_seq_mean(self):
+        logp, old = _inputs(G_LOG_RATIOS, G_MASK)
+        loss, metrics = policy_loss(
+            logp,
+            old,
+            G_ADV,
+            G_MASK,
+            surrogate="gmpo",
+            aggregation="seq-mean-token-mean",
+            **GMPO_CLIP,
+        )
+        # GMPO's 1/G sum_i L_i: (-1.2214028 + 1.8096748) / 2 = 0.2941360
+        close(loss.detach(), 0.2941360)
+        loss.backward()
+        # the gradients above / 2 sequences: -0.1526754 and 0.4524187
+        g0, g1 = -0.1526754, 0.4524187
+        close(logp.grad, [[g0, g0, 0.0, g0], [0.0, g1, 0.0, 0.0]])
+        # clipped tokens (0,2) and (1,0): 2 / 6; ratio_mean of the token ratios exp(0.3),
+        # exp(-0.1), exp(0.7), exp(0.2), exp(-0.6), exp(0.2): 7.2600661 / 6 = 1.2100110
+        assert metrics["policy/clip_frac"] == pytest.approx(2 / 6)
+        assert metrics["policy/ratio_mean"] == pytest.approx(1.2100110, abs=1e-6)
+
+    def test_aggregation_divisors(self):
+        # token-mean puts L_i on each of the row's tokens: (4 L_0 + 2 L_1) / 6
+        # = (-4.8856110 + 3.6193496) / 6 = -0.2110436; gradient 4 * -0.3053507 / 6 = -0.2035671
+        # on row 0's unclipped tokens, 2 * 0.9048374 / 6 = 0.3016125 on row 1's
+        logp, old = _inputs(G_LOG_RATIOS, G_MASK)
+        loss, _ = policy_loss(logp, old, G_ADV, G_MASK, surrogate="gmpo", **GMPO_CLIP)
+        close(loss.detach(), -0.2110436)
+        loss.backward()
+        g0, g1 = -0.2035671, 0.3016125
+        close(logp.grad, [[g0, g0, 0.0, g0], [0.0, g1, 0.0, 0.0]])
+        # seq-mean-token-sum-norm, max_len 4: (4 L_0 / 4 + 2 L_1 / 4) / 2
+        # = (-1.2214028 + 0.9048374) / 2 = -0.1582827
+        loss, _ = policy_loss(
+            *_inputs(G_LOG_RATIOS, G_MASK),
+            G_ADV,
+            G_MASK,
+            surrogate="gmpo",
+            aggregation="seq-mean-token-sum-norm",
+            max_len=4,
+            **GMPO_CLIP,
+        )
+        close(loss.detach(), -0.1582827)
+        # seq-mean-token-mean over the step's 4 sequences: 0.5882720 / 4 = 0.1470680
+        loss, _ = policy_loss(
+            *_inputs(G_LOG_RATIOS, G_MASK),
+            G_ADV,
+            G_MASK,
+            surrogate="gmpo",
+            aggregation="seq-mean-token-mean",
+            num_seqs=4,
+            **GMPO_CLIP,
+        )
+        close(loss.detach(), 0.1470680)
+
+    def test_without_clipping_is_the_plain_geometric_mean(self):
+        # clip 10: row 0 mean (0.3 - 0.1 + 0.7 + 0.2) / 4 = 0.275, L_0 = -exp(0.275) = -1.3165307;
+        # row 1 (-0.6 + 0.2) / 2 = -0.2, L_1 = 2 exp(-0.2) = 1.6374615; (L_0 + L_1) / 2 = 0.1604654
+        loss, metrics = policy_loss(
+            *_inputs(G_LOG_RATIOS, G_MASK),
+            G_ADV,
+            G_MASK,
+            surrogate="gmpo",
+            aggregation="seq-mean-token-mean",
+            epsilon_low=10.0,
+            epsilon_high=10.0,
+        )
+        close(loss.detach(), 0.1604654)
+        assert metrics["policy/clip_frac"] == 0.0
+
+    def test_per_token_advantages_are_averaged_over_the_row(self):
+        # [B, T] advantages: row 0 constant 1, row 1 (-3, -1) -> mean -2 (padding garbage
+        # ignored): the same loss and gradient as G_ADV.
+        adv_tok = torch.tensor([[1.0, 1.0, 1.0, 1.0], [-3.0, -1.0, GARBAGE, -GARBAGE]])
+        kwargs = dict(surrogate="gmpo", aggregation="seq-mean-token-mean", **GMPO_CLIP)
+        logp_a, old = _inputs(G_LOG_RATIOS, G_MASK)
+        logp_b, _ = _inputs(G_LOG_RATIOS, G_MASK)
+        loss_a, _ = policy_loss(logp_a, old, G_ADV, G_MASK, **kwargs)
+        loss_b, _ = policy_loss(logp_b, old, adv_tok, G_MASK, **kwargs)
+        loss_a.backward()
+        loss_b.backward()
+        close(loss_b.detach(), 0.2941360)
+        close(logp_b.grad, logp_a.grad)
+
+    def test_matches_a_transcription_of_the_reference_code(self):
+        # callsys/GMPO train_zero_math_gmpo.py, one sequence per micro-batch, losses averaged over
+        # the batch by gradient accumulation; compared on seeded random rows of lengths 5, 2, 7, 1
+        gen = torch.Generator().manual_seed(0)
+        lengths = [5, 2, 7, 1]
+        mask = torch.zeros(4, 8, dtype=torch.long)
+        for row, n in enumerate(lengths):
+            mask[row, :n] = 1
+        old = -torch.rand(4, 8, generator=gen) - 0.5
+        base = old + 0.5 * torch.randn(4, 8, generator=gen)
+        adv = torch.tensor([1.5, -0.7, 0.3, -2.0])
+
+        ref_in = base.clone().requires_grad_(True)
+        total = 0.0
+        for row, n in enumerate(lengths):
+            a, cliprange = adv[row].item(), 0.4
+            sgn = -1 if a >= 0 else 1
+            sgn_diff = sgn * (ref_in[row, :n] - old[row, :n])
+            sgn_diff_max = torch.max(sgn_diff, torch.clamp(sgn_diff, -cliprange, cliprange))
+            ratio = torch.exp((sgn * sgn_diff_max).sum() / n)
+            total = total + (-a * ratio) / len(lengths)
+        total.backward()
+
+        ours_in = base.clone().requires_grad_(True)
+        loss, _ = policy_loss(
+            ours_in,
+            old,
+            adv,
+            mask,
+            surrogate="gmpo",
+            aggregation="seq-mean-token-mean",
+            **GMPO_CLIP,
+        )
+        loss.backward()
+        close(loss.detach(), total.detach())
+        close(ours_in.grad, ref_in.grad)
+        assert (ours_in.grad == 0).any()  # some token was clipped: the test covers the clip
+
+    def test_zero_advantage_row_has_no_loss_and_no_gradient(self):
+        logp, old = _inputs(G_LOG_RATIOS, G_MASK)
+        loss, _ = policy_loss(
+            logp,
+            old,
+            torch.tensor([0.0, -2.0]),
+            G_MASK,
+            surrogate="gmpo",
+            aggregation="seq-mean-token-mean",
+            **GMPO_CLIP,
+        )
+        # only L_1 = 1.8096748 counts, / 2 = 0.9048374
+        close(loss.detach(), 0.9048374)
+        loss.backward()
+        close(logp.grad[0], [0.0] * 4)
+
+
+@pytest.mark.parametrize("surrogate", ["cispo", "gmpo"])
+def test_padding_garbage_changes_nothing(surrogate):
+    batches = {"cispo": (LOG_RATIOS, MASK, ADV), "gmpo": (G_LOG_RATIOS, G_MASK, G_ADV)}
+    log_ratios, mask, adv = batches[surrogate]
+    kwargs = dict(surrogate=surrogate, epsilon_low=0.4, epsilon_high=0.2, beta=0.1)
+    logp_c, old_c = _inputs(log_ratios, mask, garbage=False)
+    logp_d, old_d = _inputs(log_ratios, mask, garbage=True)
+    ref_c = old_c.clone()
+    ref_d = torch.where(mask.bool(), old_c, -GARBAGE)
+    loss_c, m_c = policy_loss(logp_c, old_c, adv, mask, ref_logp=ref_c, **kwargs)
+    loss_d, m_d = policy_loss(logp_d, old_d, adv, mask, ref_logp=ref_d, **kwargs)
+    loss_c.backward()
+    loss_d.backward()
+    assert torch.isfinite(loss_d) and torch.isfinite(logp_d.grad).all()
+    close(loss_d.detach(), loss_c.detach())
+    close(logp_d.grad, logp_c.grad)
+    assert m_d == pytest.approx(m_c)
+
+
+@pytest.mark.parametrize(
+    ("surrogate", "aggregation"), [("cispo", "token-mean"), ("gmpo", "seq-mean-token-mean")]
+)
+def test_micro_batches_add_up_to_the_batch(surrogate, aggregation):
+    # 4 rows of lengths 3, 1, 2, 4 (10 tokens) split 2 + 2 and 1 + 3; with the whole batch's
+    # divisor (10 tokens, 4 sequences) the micro-batch losses add up to the full-batch loss.
+    gen = torch.Generator().manual_seed(1)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
+    old = -torch.rand(4, 4, generator=gen) - 0.5
+    base = old + 0.3 * torch.randn(4, 4, generator=gen)
+    adv = torch.tensor([1.0, -0.5, 2.0, -1.5])
+    kwargs = dict(surrogate=surrogate, aggregation=aggregation, epsilon_low=0.1, epsilon_high=0.15)
+    full_in = base.clone().requires_grad_(True)
+    full, _ = policy_loss(full_in, old, adv, mask, **kwargs)
+    full.backward()
+    for split in (2, 1):
+        parts_in = base.clone().requires_grad_(True)
+        total = 0.0
+        for rows in (slice(0, split), slice(split, 4)):
+            part, _ = policy_loss(
+                parts_in[rows],
+                old[rows],
+                adv[rows],
+                mask[rows],
+                num_tokens=10,  # token-mean's divisor
+                num_seqs=4,  # seq-mean-token-mean's
+                **kwargs,
+            )
+            total = total + part
+        total.backward()
+        close(total.detach(), full.detach())
+        close(parts_in.grad, full_in.grad)
+
+
+def test_policy_loss_refuses_what_a_surrogate_cannot_take():
+    logp = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="unknown surrogate 'pgo'"):
+        policy_loss(logp, logp, ADV, MASK, surrogate="pgo")
+    with pytest.raises(ValueError, match="ratio_level must be token with surrogate=gmpo"):
+        policy_loss(logp, logp, ADV, MASK, surrogate="gmpo", ratio_level="sequence")
+    with pytest.raises(ValueError, match="clip_ratio_c is PPO-clip's dual clip"):
+        policy_loss(logp, logp, ADV, MASK, surrogate="cispo", clip_ratio_c=3.0)
+
+
+# ----------------------------------------------------------------------------- the switch
+
+
+def test_build_plan_passes_each_surrogate_its_own_clip_fields():
+    expected = {"ppo-clip": (0.2, 0.28), "cispo": (1.0, 4.0), "gmpo": (0.4, 0.4)}
+    for surrogate, clip in expected.items():
+        config = GRPOConfig(max_new_tokens=8, surrogate=surrogate)
+        if surrogate == "ppo-clip":
+            config = dataclasses.replace(config, epsilon_high=0.28)
+        keywords = build_plan(config).loss_fn.keywords
+        assert keywords["surrogate"] == surrogate
+        assert (keywords["epsilon_low"], keywords["epsilon_high"]) == clip
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"surrogate": "pgo"}, "surrogate must be one of ['cispo', 'gmpo', 'ppo-clip']"),
+        ({"surrogate": "gmpo", "ratio_level": "sequence"}, "ratio_level must be token"),
+        ({"surrogate": "cispo", "clip_ratio_c": 3.0}, "clip_ratio_c is PPO-clip's dual clip"),
+        (
+            {"surrogate": "cispo", "epsilon_high": 0.3},
+            "epsilon_high has no effect with surrogate=cispo: its clip is cispo_epsilon_low / "
+            "cispo_epsilon_high",
+        ),
+        ({"gmpo_epsilon_low": 0.2}, "gmpo_epsilon_low has no effect with surrogate=ppo-clip"),
+        ({"surrogate": "cispo", "cispo_epsilon_high": -1.0}, "cispo_epsilon_high must be >= 0"),
+        ({"epsilon_low": -0.1}, "epsilon_low must be >= 0"),
+    ],
+)
+def test_config_check_names_the_field(changes, message):
+    config = GRPOConfig(max_new_tokens=8, **changes)
+    with pytest.raises(ValueError) as info:
+        check_grpo_config(config)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+def test_cli_refuses_a_clip_the_surrogate_ignores(capsys, tmp_path):
+    from tests.test_cli import cli_error
+    from tests.test_lab import TINY
+
+    argv = ["train", "cispo", "--runs-dir", str(tmp_path), "--grpo.epsilon-high", "0.3", *TINY]
+    assert "epsilon_high has no effect with surrogate=cispo" in cli_error(argv, capsys)
+
+
+# ----------------------------------------------------------------------------- the recipes
+
+
+def test_recipes_resolve():
+    cispo, gmpo = recipe_config("cispo"), recipe_config("gmpo")
+    assert (cispo.surrogate, cispo.aggregation, cispo.beta) == ("cispo", "token-mean", 0.0)
+    assert (cispo.cispo_epsilon_low, cispo.cispo_epsilon_high) == (1.0, 4.0)  # weight in [0, 5]
+    assert (gmpo.surrogate, gmpo.aggregation, gmpo.beta) == ("gmpo", "seq-mean-token-mean", 0.0)
+    assert (gmpo.gmpo_epsilon_low, gmpo.gmpo_epsilon_high) == (0.4, 0.4)
+    for name in ("cispo", "gmpo"):
+        assert "cispo" in RECIPES and f"surrogate: {name}" in describe_recipe(name)
+        check_grpo_config(dataclasses.replace(recipe_config(name), max_new_tokens=48))
+
+
+def test_two_training_steps_of_each_recipe(tmp_path):
+    # On-policy with one pass (mu = 1) every ratio is 1, no clip is active, and both surrogates'
+    # gradients reduce to the policy gradient -A * grad logp: CISPO's (weight 1) equals
+    # PPO-clip's with token-mean, GMPO's (d rho_i / d logp_t = rho_i / |y_i| = 1 / |y_i|) equals
+    # PPO-clip's with seq-mean-token-mean. So the two seeded steps' gradient norms must match
+    # those runs. GMPO's loss value is also PPO's (-mean_i A_i * 1, ~0 for centred advantages);
+    # CISPO's (-sum A * logp / N) is not PPO's (-sum A * 1 / N).
+    from tests.test_grpo_step_pinned import BASE, run_two_steps
+
+    runs = {
+        "cispo": run_two_steps(recipe_config("cispo", BASE), tmp_path / "cispo"),
+        "ppo-token-mean": run_two_steps(BASE, tmp_path / "ppo-tm"),
+        "gmpo": run_two_steps(recipe_config("gmpo", BASE), tmp_path / "gmpo"),
+        "ppo-seq-mean": run_two_steps(
+            dataclasses.replace(BASE, aggregation="seq-mean-token-mean"), tmp_path / "ppo-sm"
+        ),
+    }
+    for name, ppo in (("cispo", "ppo-token-mean"), ("gmpo", "ppo-seq-mean")):
+        assert len(runs[name]) == 2
+        for ours, theirs in zip(runs[name], runs[ppo]):
+            assert math.isfinite(ours["loss"]) and ours["grad_norm"] > 0
+            assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+            assert ours["reward/mean"] == theirs["reward/mean"]
+    for ours, theirs in zip(runs["gmpo"], runs["ppo-seq-mean"]):
+        assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
+    for ours, theirs in zip(runs["cispo"], runs["ppo-token-mean"]):
+        assert abs(ours["loss"] - theirs["loss"]) > 0.1
