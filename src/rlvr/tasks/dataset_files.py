@@ -92,7 +92,7 @@ def task_spec(
     the longest solution or answer plus 16 characters (at least 16), `CODE_MAX_NEW_TOKENS` with
     code rows.
     """
-    if columns is None and str(path).endswith(".jsonl") and _rlvr_jsonl(Path(path)):
+    if columns is None and str(path).endswith(".jsonl") and is_rlvr_jsonl(Path(path)):
         return jsonl.task_spec(path, held_out_fraction, seed)
     rows, layout = load_file_rows(path, columns)
     train, held_out = split_rows(rows, held_out_fraction, seed)
@@ -138,7 +138,7 @@ def _math_score(completion: Any, row: Row) -> float:
     return math_verifier.score(completion, row["answer"])
 
 
-def _rlvr_jsonl(path: Path) -> bool:
+def is_rlvr_jsonl(path: Path) -> bool:
     """Whether a .jsonl file is read by `jsonl.task_spec` as before: its first non-blank line
     is rlvr's own row (a `prompt` that is not a message list, an `answer`), or is in no other
     layout, or is not a readable object (so its errors are the ones rlvr has always given)."""
