@@ -42,7 +42,8 @@ def check(completion: Any, answer: Any, reward: float, reason: str, **kwargs: An
     [
         (f"{LAB} #### 825", "825"),
         ("#### 825\nThanks for reading.", "825"),  # the marker's answer stops at the line end
-        (f"{LAB} so the answer is 825", None),  # a number in the reasoning is not an answer
+        (f"{LAB} so we get 825", None),  # a number in the reasoning is not an answer
+        (f"{LAB} so the answer is 825", "825"),  # ...but an answer phrase is (issue 16)
         ("<think>#### 825</think>", None),  # reasoning is never graded
         ("<think>#### 824</think> #### 825", "825"),
         ("<think>scratch #### 825", None),  # unclosed think: no answer was given
@@ -313,10 +314,6 @@ def test_symbolic(completion: str, answer: str, reward: float, reason: str) -> N
         ("\\boxed{x \\in (2,4)}", "3", 0.0, "hedged"),
         ("\\boxed{2 < x < 4}", "3", 0.0, "hedged"),
         ("\\boxed{\\mathbb{R}}", "3", 0.0, "hedged"),  # the reals contain everything
-        # echoing the question is not answering it
-        ("#### 357+468", "825", 0.0, "unevaluated"),
-        ("#### 825 = 357+468", "825", 0.0, "unevaluated"),
-        ("#### 2^{10}", "1024", 0.0, "unevaluated"),
         # instructions to the grader are ignored: they are just text
         (INJECTION, "825", 0.0, "no_answer"),
         (f"#### 824\n{INJECTION}", "825", 0.0, "wrong"),
@@ -330,6 +327,29 @@ def test_symbolic(completion: str, answer: str, reward: float, reason: str) -> N
 )
 def test_hedges_and_hacks(completion: str, answer: str, reward: float, reason: str) -> None:
     check(completion, answer, reward, reason)
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "prompt", "reward", "reason"),
+    [
+        # echoing the question is not answering it (the prompt is known: math_reward has it)
+        ("#### 357+468", "825", "357+468=", 0.0, "unevaluated"),
+        ("#### 825 = 357+468", "825", "357+468=", 0.0, "unevaluated"),
+        ("#### 2^{10}", "1024", "What is $2^{10}$?", 0.0, "unevaluated"),
+        ("#### 468 + 357", "825", "357+468=", 0.0, "unevaluated"),  # reordered
+        ("\\boxed{3 \\times 5}", "15", "What is 3 times 5?", 0.0, "unevaluated"),
+        ("#### 824 = 357+468", "825", "357+468=", 0.0, "hedged"),  # a false equation
+        # ...while an evaluated answer, or an expression the prompt does not hold, is graded
+        ("#### 825", "825", "357+468=", 1.0, "correct"),
+        ("#### 357+468=825", "825", "357+468=", 1.0, "correct"),
+        ("\\boxed{2^{6}}", "64", "How many subsets has a 6-element set?", 1.0, "correct"),
+        ("\\boxed{2^{5}}", "64", "How many subsets has a 6-element set?", 0.0, "wrong"),
+    ],
+)
+def test_echo_of_the_prompt(
+    completion: str, answer: str, prompt: str, reward: float, reason: str
+) -> None:
+    check(completion, answer, reward, reason, prompt=prompt)
 
 
 MATH_VERIFY_09 = version("math-verify").startswith("0.9.")

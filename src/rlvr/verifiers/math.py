@@ -91,11 +91,26 @@ import re
 import threading
 from bisect import bisect_right
 from collections import Counter
+from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from numbers import Real
 from typing import Any
 
+from rlvr.verifiers.answer_phrases import (
+    PHRASE,
+    hedge_opening,
+    is_hypothesis,
+    joins_as_spray,
+    phrase_answer,
+)
 from rlvr.verifiers.format import answer_text, completion_text
+from rlvr.verifiers.math_forms import (
+    as_value_list,
+    empty_set,
+    outer_parentheses,
+    repeating_decimals,
+    vulgar_fractions,
+)
 from rlvr.verifiers.math_symbolic import (
     SymbolicTimeout,
     SymbolicUnavailable,
@@ -107,6 +122,7 @@ __all__ = [
     "REASONS",
     "REASON_COUNTS",
     "TIMEOUT_S",
+    "explain",
     "extract_final_answer",
     "math_reward",
     "reason_counts",
@@ -134,7 +150,26 @@ _COUNTS_LOCK = threading.Lock()
 TIMEOUT_S = 3.0  # hard wall-clock limit of one symbolic comparison
 _MAX_SYMBOLIC_ANSWER_CHARS = 1000
 
-_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOX_OPEN = re.compile(
+    r"\\(?:boxed|fbox)(?:\s*\{|(?P<bare>(?:\s+|(?=[-+.\d]))[-+]?[\w.,/%]*[\w%]))"
+)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """One explicit answer: where it starts and ends in the text, its text, and its kind."""
+
+    start: int
+    end: int
+    answer: str
+    kind: str  # "box", "marker" or "phrase"
+
+
+def _note(trace: list[str] | None, line: str) -> None:
+    """Record one step of the decision when `explain` asked for it."""
+    if trace is not None:
+        trace.append(line)
+
 
 # --- normalization -------------------------------------------------------------------------
 
@@ -159,6 +194,9 @@ _UNICODE_TO_ASCII = str.maketrans(
         "\u00b2": "^2",
         "\u00b3": "^3",
         "\u00b0": "^\\circ",
+        "\u2205": "\\emptyset ",
+        "\u2264": "\\le ",
+        "\u2265": "\\ge ",
     }
 )
 _OUTER_MATH_DELIMITERS = re.compile(r"^\\[\[(]|\\[\])]$")
@@ -168,9 +206,21 @@ _THOUSANDS_SEPARATOR = re.compile(r",|\\,|\{,\}")
 _WORD_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
 _WORD_INFINITY = re.compile(r"(?<![\\A-Za-z])(?:infinity|inf|oo)(?![A-Za-z])", re.IGNORECASE)
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+_LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
 _BARE_EQUALS = re.compile(r"(?<![<>!=:\\])=(?!=)")
+# "x = ...", "(a, b) = ...": a variable (or a tuple of them) named, then its value
+_ASSIGNMENT = re.compile(
+    r"^\s*(?:[a-zA-Z]|\(\s*[a-zA-Z](?:\s*,\s*[a-zA-Z])+\s*\))\s*=(?!=)\s*(?P<rhs>[^=]+)$"
+)
 _HEDGE_WORDS = re.compile(r"\bor\b|±|∓|\\pm(?![a-zA-Z])|\\mp(?![a-zA-Z])", re.IGNORECASE)
-_NUMBER_LIST = re.compile(r"\d(?:\s*[,;]\s*|\s+and\s+|\s+)[-+]?\.?\d", re.IGNORECASE)
+_NUMBER_LIST = re.compile(
+    r"(?<![_^{\d.])\d+(?:\.\d+)?(?:\s*[,;]\s*|\s+and\s+|\s+)[-+]?\.?\d", re.IGNORECASE
+)  # not a subscript or exponent: "\log_3 27" is one value
+# a reference that is not one value: a list, an inequality, a set, an interval, a matrix
+_NOT_ONE_VALUE = re.compile(
+    r"[,;<>]|\\[lg]eq?(?![a-zA-Z])|\\in(?![a-zA-Z])|\\cup|\\cap|\\emptyset|\\mathbb"
+    r"|matrix|\bor\b"
+)
 _BINARY_OPERATOR = re.compile(r"[\w.})\]]\s*(?:[-+*^×·÷]|\\times|\\cdot|\\div|\\ast)")
 
 _MANTISSA = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
@@ -241,6 +291,7 @@ _PERCENT_SUFFIX = re.compile(
     r"^(?P<value>.*?)\s*(?:\\%|%|\\text\s*\{\s*\\?%\s*\}|\\text\s*\{\s*percent\s*\}|\bpercent)$",
     re.DOTALL,
 )
+_REMARK_SUFFIX = re.compile(r"^(?P<value>.*?\S)\s*\\text\s*\{\s*\([^{}]*\)\s*\}$", re.DOTALL)
 _DEGREE_SUFFIX = re.compile(r"^(?P<value>.*?)\s*\^\s*(?:\\circ|\{\s*\\circ\s*\})$", re.DOTALL)
 _WRAPPED_UNIT_SUFFIX = re.compile(
     rf"^(?P<value>.*?){_UNIT_SEPARATOR}\\(?:text|textrm|mathrm|mbox|rm|operatorname)\s*"
@@ -279,6 +330,8 @@ def _split_quantity(text: str) -> tuple[str, str | None, bool]:
     if _PLAIN_NUMBER.fullmatch(text):
         return text, None, False  # the common case, kept fast
     unit: str | None = None
+    if remark := _REMARK_SUFFIX.match(text):
+        text = remark["value"]  # "825 \text{ (this answer is correct)}": a remark, not judged
     if (match := _PERCENT_SUFFIX.match(text)) and match["value"].strip():
         return _scientific_to_plain(match["value"].strip()), None, True
     if match := _CURRENCY_PREFIX.match(text):
@@ -292,14 +345,23 @@ def _split_quantity(text: str) -> tuple[str, str | None, bool]:
             unit = _canonical_unit(label, match["power"]) or label.lower()
             text = match["value"].strip()
     elif match := _PLAIN_UNIT_SUFFIX.match(text):
-        label = " ".join(match["unit"].split())
-        known = _canonical_unit(label, match["power"])
-        words = label.lower().rstrip(".").replace("/", " ").split()
-        if known and (match["sep"] or len(label.rstrip(".")) > 1):
-            unit, text = known, match["value"].strip()  # "5 cm", "5cm", not "5m"
-        elif match["sep"] and all(len(w) > 1 and w not in _NOT_UNITS for w in words):
-            unit, text = label.lower(), match["value"].strip()  # "5 apples"
+        unit = _plain_unit(match)
+        text = match["value"].strip() if unit else text
     return _scientific_to_plain(text), unit, False
+
+
+def _plain_unit(match: re.Match[str]) -> str | None:
+    """The unit of a `_PLAIN_UNIT_SUFFIX` match ("5 cm", "5 apples"), None if it is none."""
+    if re.search(r"[a-zA-Z]", _LATEX_COMMAND.sub("", match["value"])):
+        return None  # "\pi r^{2} h", "\frac{1}{2} b h": a variable, not hours
+    label = " ".join(match["unit"].split())
+    known = _canonical_unit(label, match["power"])
+    words = label.lower().rstrip(".").replace("/", " ").split()
+    if known and (match["sep"] or len(label.rstrip(".")) > 1):
+        return known  # "5 cm", "5cm", not "5m"
+    if match["sep"] and all(len(w) > 1 and w not in _NOT_UNITS for w in words):
+        return label.lower()  # "5 apples"
+    return None
 
 
 def _scientific_to_plain(text: str) -> str:
@@ -333,7 +395,8 @@ def _normalize(text: str) -> str:
         text = unwrapped
     text = _THOUSANDS.sub(lambda m: _THOUSANDS_SEPARATOR.sub("", m.group()), text)
     text = _WORD_PI.sub(r"\\pi", text)
-    return _WORD_INFINITY.sub(r"\\infty", text)
+    text = _WORD_INFINITY.sub(r"\\infty", text)
+    return outer_parentheses(empty_set(repeating_decimals(vulgar_fractions(text))))
 
 
 def _as_decimal(normalized: str) -> Decimal | None:
@@ -349,7 +412,10 @@ def _as_decimal(normalized: str) -> Decimal | None:
 
 def _comparison_key(answer: str) -> tuple[Decimal | str, bool]:
     """What makes two candidates "the same answer": value (numeric if possible) and percent."""
-    value, _, percent = _split_quantity(_normalize(answer))
+    normalized = _normalize(answer)
+    if assigned := _ASSIGNMENT.match(normalized):
+        normalized = assigned["rhs"]  # "y = 6" and "6" are the same answer
+    value, _, percent = _split_quantity(normalized)
     number = _as_decimal(value)
     return (number if number is not None else "".join(value.split())), percent
 
@@ -358,10 +424,15 @@ def _comparison_key(answer: str) -> tuple[Decimal | str, bool]:
 
 
 def _find_boxes(text: str) -> list[tuple[int, int, str | None]]:
-    """Top-level ``\\boxed{}``/``\\fbox{}``: (start, end, content); content None if unclosed."""
+    """Top-level ``\\boxed{}``/``\\fbox{}`` and brace-less ``\\boxed 9``: (start, end,
+    content); content None if unclosed."""
     boxes: list[tuple[int, int, str | None]] = []
     pos = 0
     while match := _BOX_OPEN.search(text, pos):
+        if match["bare"] is not None:
+            boxes.append((match.start(), match.end(), match["bare"].strip()))
+            pos = match.end()
+            continue
         depth, i = 1, match.end()
         while i < len(text) and depth:
             char = text[i]
@@ -380,62 +451,117 @@ def _find_boxes(text: str) -> list[tuple[int, int, str | None]]:
     return boxes
 
 
-def _final_group(text: str, candidates: list[tuple[int, int, str]]) -> list[str]:
-    """Answers of the last candidate's group: its line, plus sprays joined by separators."""
-    last_start = candidates[-1][0]
-    final_line_start = text.rfind("\n", 0, last_start) + 1
-    group = [candidates[-1][2]]
-    following_start = last_start
-    for start, end, answer in reversed(candidates[:-1]):
+def _joined(gap: str) -> bool:
+    """Whether the text between two candidates leaves both standing (module docstring)."""
+    spray = len(gap) <= _MAX_SPRAY_GAP_CHARS and _SPRAY_GAP.fullmatch(gap)
+    return bool(spray) or joins_as_spray(gap)
+
+
+def _final_group(text: str, candidates: list[_Candidate]) -> list[_Candidate]:
+    """The last candidate and every earlier one joined to it (a spray); last first."""
+    group = [candidates[-1]]
+    following_start = candidates[-1].start
+    for candidate in reversed(candidates[:-1]):
+        end = candidate.end
         gap = text[end:following_start] if end <= following_start else ""
-        joined = len(gap) <= _MAX_SPRAY_GAP_CHARS and _SPRAY_GAP.fullmatch(gap)
-        if start < final_line_start and not joined:
+        if not _joined(gap):
             break
-        group.append(answer)
-        following_start = start
+        group.append(candidate)
+        following_start = candidate.start
     return group
 
 
-def _locate_final_answer(completion: str, marker: str) -> tuple[str | None, str]:
-    """(final answer, status); status is "ok", "no_answer", "unclosed_think" or "hedged"."""
-    text = answer_text(completion)
-    if text is None:
-        return None, "unclosed_think"
+def _outside_boxes(boxes: list[tuple[int, int, str | None]]) -> Any:
+    """A test: whether a position lies outside every box."""
+    box_starts = [start for start, _, _ in boxes]
+
+    def outside(position: int) -> bool:
+        enclosing = bisect_right(box_starts, position) - 1
+        return enclosing < 0 or position >= boxes[enclosing][1]
+
+    return outside
+
+
+def _phrase_text(text: str, start: int, line_end: int, next_start: int) -> tuple[int, str]:
+    """(where the answer text starts, the text) after a phrase: its line, or else the next
+    non-blank line when nothing but delimiters follows the phrase on its own."""
+    on_line = text[start : next_start if line_end == -1 else line_end]
+    if line_end == -1 or _strip_delimiters(on_line.strip(" \t*:")):
+        return start, on_line
+    following = text[line_end:next_start]
+    stripped = following.lstrip()
+    if not stripped or following[: len(following) - len(stripped)].count("\n") > 2:
+        return start, on_line
+    begin = line_end + len(following) - len(stripped)
+    end = text.find("\n", begin, next_start)
+    return begin, text[begin : next_start if end == -1 else end]
+
+
+def _candidates(text: str, marker: str) -> list[_Candidate] | None:
+    """Every explicit answer in order (module docstring); None if the last box is unclosed."""
     boxes = _find_boxes(text)
     if boxes and boxes[-1][2] is None:
-        return None, "no_answer"
-    box_starts = [start for start, _, _ in boxes]
-    markers: list[int] = []
+        return None
+    outside = _outside_boxes(boxes)
+    heads: list[tuple[int, int, str]] = []  # (start, end of the marker or phrase, kind)
     if marker:
         pos = 0
         while (found := text.find(marker, pos)) != -1:
-            enclosing = bisect_right(box_starts, found) - 1
-            if enclosing < 0 or found >= boxes[enclosing][1]:  # not inside a box
-                markers.append(found)
+            if outside(found):
+                heads.append((found, found + len(marker), "marker"))
             pos = found + len(marker)
-    starts = sorted(box_starts + markers)
-    box_start_set = set(box_starts)
-
-    candidates = [(start, end, content) for start, end, content in boxes if content is not None]
-    for found in markers:
-        following = bisect_right(starts, found)
+    for match in PHRASE.finditer(text):
+        if outside(match.start()) and not is_hypothesis(text, match.start()):
+            heads.append((match.start(), match.end(), "phrase"))
+    candidates = [_Candidate(s, e, c, "box") for s, e, c in boxes if c is not None]
+    starts = sorted([start for start, _, _ in boxes] + [start for start, _, _ in heads])
+    for start, head_end, kind in heads:
+        following = bisect_right(starts, start)
         next_start = starts[following] if following < len(starts) else len(text)
-        line_end = text.find("\n", found, next_start)  # bounded: linear over all markers
+        line_end = text.find("\n", head_end, next_start)  # bounded: linear over all heads
         answer_end = next_start if line_end == -1 else line_end
-        answer = text[found + len(marker) : answer_end]
-        introduces_box = line_end == -1 and next_start in box_start_set
-        if not _strip_delimiters(answer) and introduces_box:
-            continue  # "#### \boxed{5}": the marker only introduces the box
-        candidates.append((found, answer_end, answer))
-    if not candidates:
-        return None, "no_answer"
-    candidates.sort()
+        if kind == "phrase":
+            begin, raw = _phrase_text(text, head_end, line_end, next_start)
+            answer, used = phrase_answer(raw)
+            answer_end = begin + used
+        else:
+            answer = text[head_end:answer_end]
+        if not _strip_delimiters(answer) and line_end == -1 and next_start < len(text):
+            continue  # "#### \boxed{5}", "Final Answer: The final answer is": it introduces
+        candidates.append(_Candidate(start, answer_end, answer, kind))
+    candidates.sort(key=lambda candidate: candidate.start)
+    return candidates
 
-    group = [a for a in _final_group(text, candidates) if _strip_delimiters(a)]
-    if len(group) > 1 and len({_comparison_key(a) for a in group}) > 1:
+
+def _locate_final_answer(
+    completion: str, marker: str, trace: list[str] | None = None
+) -> tuple[str | None, str]:
+    """(final answer, status); status is "ok", "no_answer", "unclosed_think" or "hedged"."""
+    text = answer_text(completion)
+    if text is None:
+        _note(trace, "an unclosed <think>: no answer was given")
+        return None, "unclosed_think"
+    candidates = _candidates(text, marker)
+    if candidates is None:
+        _note(trace, "the last \\boxed{ is never closed (a truncated generation)")
+        return None, "no_answer"
+    if not candidates:
+        _note(trace, f"no \\boxed{{}}, no {marker!r} and no answer phrase outside <think>")
+        return None, "no_answer"
+    last = candidates[-1]
+    if trace is not None:
+        shown = ", ".join(f"{c.kind} at char {c.start}" for c in candidates[-6:])
+        _note(trace, f"{len(candidates)} candidate(s) ({shown}); the last one counts")
+    group = [c for c in _final_group(text, candidates) if _strip_delimiters(c.answer)]
+    if len(group) > 1 and len({_comparison_key(c.answer) for c in group}) > 1:
+        _note(trace, f"a spray: {len(group)} different answers stand together -> hedged")
         return None, "hedged"
-    answer = _strip_delimiters(candidates[-1][2])
-    return (answer, "ok") if answer else (None, "no_answer")
+    answer = _strip_delimiters(last.answer)
+    if not answer:
+        _note(trace, f"the {last.kind} at char {last.start} is empty")
+        return None, "no_answer"
+    _note(trace, f"{last.kind} at char {last.start} -> {answer!r}")
+    return answer, "ok"
 
 
 def extract_final_answer(completion: str, marker: str = "####") -> str | None:
@@ -471,8 +597,7 @@ def _hedge_in(answer: str, reference: str) -> bool:
     hedge = _HEDGE_WORDS.search(answer)
     if hedge and not _HEDGE_WORDS.search(reference):
         return True
-    single_value_reference = "," not in reference and ";" not in reference
-    return single_value_reference and bool(_NUMBER_LIST.search(answer))
+    return not _NOT_ONE_VALUE.search(reference) and bool(_NUMBER_LIST.search(answer))
 
 
 def _percent_match(predicted: Any, predicted_percent: bool, gold: Any, gold_percent: bool) -> bool:
@@ -486,37 +611,98 @@ def _percent_match(predicted: Any, predicted_percent: bool, gold: Any, gold_perc
     return False
 
 
+def _prompt_text(prompt: Any) -> str | None:
+    """A prompt as text: a string, or every message's text of a conversational prompt."""
+    if prompt is None or isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        texts = [completion_text([message]) for message in prompt if isinstance(message, dict)]
+        return "\n".join(text for text in texts if text)
+    return None
+
+
+def _several_values(reference: str) -> bool:
+    """Whether a normalized reference lists several values ("3, -3", "\\pm 3", "1 or 2")."""
+    return bool(re.search(r"[,;]|\\pm(?![a-zA-Z])|\\mp(?![a-zA-Z])|\bor\b", reference))
+
+
 def _grade(
-    completion: Any, answer: Any, marker: str, timeout_s: float, parts: dict[str, Any]
+    completion: Any,
+    answer: Any,
+    marker: str,
+    timeout_s: float,
+    parts: dict[str, Any],
+    prompt: str | None,
+    trace: list[str] | None,
 ) -> float:
     """The reward; ``parts`` gets the extracted answer, the reason and the method."""
     text, reference = completion_text(completion), _reference_text(answer)
     if text is None or reference is None or not isinstance(marker, str):
+        _note(trace, "not a completion, or the reference is not a string or a number")
         return 0.0  # reason stays "error"
-    extracted, status = _locate_final_answer(text, marker)
+    extracted, status = _locate_final_answer(text, marker, trace)
     parts["extracted"] = extracted
     if extracted is None:
         parts["reason"] = status
         return 0.0
     gold = _normalize(reference)
     if not gold:
+        _note(trace, "the reference is empty")
         return 0.0
     predicted = _normalize(extracted)
+    if hedge_opening(predicted) and not hedge_opening(gold):
+        _note(trace, f"{predicted!r} opens with a hedge word -> hedged")
+        parts["reason"] = "hedged"
+        return 0.0
+    if _several_values(gold):  # "x = \pm 3" and "x = 3 or x = -3" for "3, -3"
+        gold, predicted = as_value_list(gold), as_value_list(predicted)
+        _note(trace, f"the reference lists several values: {gold!r} against {predicted!r}")
     left_sides: list[str] = []
-    if not _BARE_EQUALS.search(gold) and "," not in predicted and ";" not in predicted:
-        left_sides, predicted = _split_equation(predicted)
+    if not _BARE_EQUALS.search(gold):
+        if assigned := _ASSIGNMENT.match(predicted):
+            predicted = assigned["rhs"].strip()  # "x = 5", "(a, b) = (2, 5)"
+        elif "," not in predicted and ";" not in predicted:
+            left_sides, predicted = _split_equation(predicted)
     if not predicted:
         parts["reason"] = "no_answer"
         return 0.0
     quantity = _split_quantity(predicted)
     predicted_value = _as_decimal(quantity[0])
     left_values = {_as_decimal(_split_quantity(side)[0]) for side in left_sides} - {None}
-    if _hedge_in(predicted, gold) or (
-        predicted_value is not None and left_values - {predicted_value}
-    ):
-        parts["reason"] = "hedged"  # "3 or 4", "3, 4", or "824 = 825"
+    if _hedge_in(predicted, gold):
+        _note(trace, f"{predicted!r} offers several values -> hedged")
+        parts["reason"] = "hedged"  # "3 or 4", "3, 4"
         return 0.0
-    return _compare(_split_quantity(gold), quantity, predicted_value, timeout_s, parts)
+    gold_quantity = _split_quantity(gold)
+    last_side = predicted_value if predicted_value is not None else _as_decimal(gold_quantity[0])
+    if last_side is not None and left_values - {last_side}:
+        _note(trace, f"an equation whose sides differ ({left_sides} = {predicted!r}) -> hedged")
+        parts["reason"] = "hedged"  # "824 = 825", and "824 = 357+468" for 825
+        return 0.0
+    return _compare(gold_quantity, quantity, predicted_value, timeout_s, parts, prompt, trace)
+
+
+def _compact(text: str) -> str:
+    """Text of an arithmetic expression with its spelling differences removed (echo check)."""
+    text = text.translate(_UNICODE_TO_ASCII).replace("$", "")
+    text = re.sub(r"\\(?:times|cdot|ast)(?![a-zA-Z])|\btimes\b|\bx\b(?=\s*\d)", "*", text)
+    text = re.sub(r"\\div(?![a-zA-Z])|\bdivided\s+by\b", "/", text)
+    text = re.sub(r"\bplus\b", "+", text)
+    text = re.sub(r"\bminus\b", "-", text)
+    return re.sub(r"[\s{}]|\\left|\\right", "", text)
+
+
+_NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def _echoes(expression: str, prompt: str) -> bool:
+    """Whether an unevaluated expression restates the prompt: it is written there, or it is
+    pure arithmetic on two or more numbers that all appear there."""
+    if (compact := _compact(expression)) and compact in _compact(prompt):
+        return True
+    numbers = _NUMBERS.findall(expression)
+    words = re.search(r"[a-zA-Z]", _LATEX_COMMAND.sub("", expression))
+    return len(numbers) >= 2 and not words and set(numbers) <= set(_NUMBERS.findall(prompt))
 
 
 def _compare(
@@ -525,6 +711,8 @@ def _compare(
     predicted_value: Decimal | None,
     timeout_s: float,
     parts: dict[str, Any],
+    prompt: str | None = None,
+    trace: list[str] | None = None,
 ) -> float:
     """Compare two (value text, unit, percent) quantities: exactly, or else symbolically."""
     gold_value_text, gold_unit, gold_percent = gold
@@ -533,30 +721,48 @@ def _compare(
         parts["reason"] = "no_answer" if not predicted_value_text else "error"
         return 0.0
     if gold_unit and predicted_unit and gold_unit != predicted_unit:
+        _note(trace, f"units differ: {predicted_unit!r} for {gold_unit!r} (no conversions)")
         parts["method"] = "exact"
         return _verdict(False, parts)  # "5 m" for "5 cm": no conversions
     gold_value = _as_decimal(gold_value_text)
     if gold_value is not None and predicted_value is not None:
         parts["method"] = "exact"
         correct = _percent_match(predicted_value, predicted_percent, gold_value, gold_percent)
+        _note(trace, f"exact decimals: {predicted_value} against {gold_value} -> {correct}")
         return _verdict(correct, parts)
-    if gold_value is not None and _BINARY_OPERATOR.search(predicted_value_text):
+    numeric_gold = not re.search(r"[a-zA-Z]", _LATEX_COMMAND.sub("", gold_value_text))
+    if (
+        prompt is not None
+        and numeric_gold
+        and _BINARY_OPERATOR.search(predicted_value_text)
+        and _echoes(predicted_value_text, prompt)
+    ):
+        _note(trace, f"{predicted_value_text!r} restates the prompt's expression -> unevaluated")
         parts["reason"] = "unevaluated"
         return 0.0
     if (
         "".join(gold_value_text.split()) == "".join(predicted_value_text.split())
         and gold_percent == predicted_percent
     ):
+        _note(trace, "the same text as the reference")
         parts["method"] = "exact"
         return _verdict(True, parts)
     if len(predicted_value_text) > _MAX_SYMBOLIC_ANSWER_CHARS:
+        _note(trace, f"longer than {_MAX_SYMBOLIC_ANSWER_CHARS} characters -> wrong")
         parts["method"] = "math_verify"
         return _verdict(False, parts)
     if not _balanced_braces(predicted_value_text):
         # "7}4" would close the \boxed{...} the answer is parsed in, leaving "7": refuse
+        _note(trace, "unbalanced braces -> unparsable")
         parts["reason"] = "unparsable"
         return 0.0
-    return _compare_symbolically(gold, predicted, timeout_s, parts)
+    reward = _compare_symbolically(gold, predicted, timeout_s, parts)
+    _note(
+        trace,
+        f"math-verify (sympy, exact decimals, {timeout_s:g} s limit): {predicted_value_text!r} "
+        f"against {gold_value_text!r} -> {parts['reason']}",
+    )
+    return reward
 
 
 def _compare_symbolically(
@@ -614,35 +820,72 @@ def reason_counts(reset: bool = False) -> dict[str, int]:
     return snapshot
 
 
+def _verify(
+    completion: Any,
+    answer: Any,
+    marker: str,
+    timeout_s: float | None,
+    prompt: Any,
+    trace: list[str] | None,
+) -> tuple[float, dict]:
+    parts: dict[str, Any] = {"extracted": None, "reason": "error", "method": None}
+    limit = TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        prompt_text = _prompt_text(prompt)
+        reward = _grade(completion, answer, marker, float(limit), parts, prompt_text, trace)
+    except Exception as exc:
+        reward = 0.0
+        parts["reason"] = "error"
+        _note(trace, f"internal error: {type(exc).__name__}")
+    _count(parts["reason"])
+    return reward, parts
+
+
 def verify(
     completion: Completion,
     answer: str,
     marker: str = "####",
     *,
     timeout_s: float | None = None,
+    prompt: Any = None,
 ) -> tuple[float, dict]:
     """Reward and its breakdown: ``{"extracted", "reason", "method"}``; never raises.
 
     ``reason`` is one of `REASONS`: "correct", "wrong", "no_answer", "hedged",
-    "unclosed_think", "unevaluated", "unparsable" (the answer is not math), "timeout" (the
-    symbolic comparison ran past ``timeout_s``, default `TIMEOUT_S`) or "error" (bad input,
-    unparsable reference, internal failure). ``method`` is "exact" (no sympy), "math_verify"
-    or None when no comparison ran.
+    "unclosed_think", "unevaluated" (an expression that restates the prompt), "unparsable"
+    (the answer is not math), "timeout" (the symbolic comparison ran past ``timeout_s``,
+    default `TIMEOUT_S`) or "error" (bad input, unparsable reference, internal failure).
+    ``method`` is "exact" (no sympy), "math_verify" or None when no comparison ran.
+    ``prompt`` (a string or a conversational message list; optional) lets an answer that
+    merely restates the prompt's expression be refused.
     """
-    parts: dict[str, Any] = {"extracted": None, "reason": "error", "method": None}
-    limit = TIMEOUT_S if timeout_s is None else timeout_s
-    try:
-        reward = _grade(completion, answer, marker, float(limit), parts)
-    except Exception:
-        reward = 0.0
-        parts["reason"] = "error"
-    _count(parts["reason"])
-    return reward, parts
+    return _verify(completion, answer, marker, timeout_s, prompt, None)
 
 
-def score(completion: Completion, answer: str, marker: str = "####") -> float:
+def explain(
+    completion: Completion,
+    answer: str,
+    marker: str = "####",
+    *,
+    timeout_s: float | None = None,
+    prompt: Any = None,
+) -> str:
+    """Which rules decided the verdict, one step a line, ending with the reward and reason.
+
+    The same decision as `verify` (and counted in `REASON_COUNTS` like it), e.g.
+    ``phrase at char 0 -> '2^{6}'`` ... ``math-verify ...: '2^{6}' against '64' -> correct``.
+    """
+    trace: list[str] = []
+    reward, parts = _verify(completion, answer, marker, timeout_s, prompt, trace)
+    trace.append(f"reward {reward:g} ({parts['reason']})")
+    return "\n".join(trace)
+
+
+def score(
+    completion: Completion, answer: str, marker: str = "####", *, prompt: Any = None
+) -> float:
     """1.0 if the completion's single final answer equals ``answer``, else 0.0; never raises."""
-    return verify(completion, answer, marker)[0]
+    return verify(completion, answer, marker, prompt=prompt)[0]
 
 
 def math_reward(
@@ -654,11 +897,17 @@ def math_reward(
     """TRL reward function (``fn(prompts, completions, **columns)``, column ``answer``).
 
     Completions may be strings or conversational message lists (the last message is graded).
+    Each row's prompt is passed to `verify`, so restating it (``#### 357+468``) scores 0.
     """
     if len(completions) != len(answer):
         raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
-    pairs = zip(completions, answer, strict=True)
-    return [score(completion, reference) for completion, reference in pairs]
+    rows = list(prompts) if prompts is not None else [None] * len(completions)
+    if len(rows) != len(completions):
+        raise ValueError(f"{len(completions)} completions but {len(rows)} prompts")
+    triples = zip(rows, completions, answer, strict=True)
+    return [
+        score(completion, reference, prompt=prompt) for prompt, completion, reference in triples
+    ]
 
 
 # the trainer logs verdicts by reason per step (timeouts, hedges, ...) through this attribute

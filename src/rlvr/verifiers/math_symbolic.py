@@ -265,15 +265,29 @@ class _SoftTimeout(BaseException):
     """Raised by SIGALRM in the worker; BaseException so math-verify's handlers let it pass."""
 
 
+@lru_cache(maxsize=1)
+def _extraction_config() -> list[Any]:
+    """math-verify's default extraction, without its unit stripping: it drops ``h`` (hours)
+    and ``m`` (metres) from ``\\frac{1}{2} b h``; rlvr.verifiers.math splits units itself."""
+    from latex2sympy2_extended.latex2sympy2 import NormalizationConfig
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig
+
+    normalization = NormalizationConfig(
+        basic_latex=True, units=False, malformed_operators=True, nits=True, boxed="all"
+    )
+    return [LatexExtractionConfig(normalization_config=normalization), ExprExtractionConfig()]
+
+
 @lru_cache(maxsize=4096)
 def _parse_exact(expression: str) -> Any:
-    """math-verify's reading of ``\\boxed{expression}`` with every float made exact; or None."""
+    """math-verify's reading of ``\\boxed{expression}`` with every float made exact and the
+    symbol ``i`` read as the imaginary unit; or None."""
     from math_verify import parse
     from sympy import Basic
     from sympy.matrices import MatrixBase
 
     latex = "\\boxed{" + _UNESCAPED_PERCENT.sub(r"\\%", expression) + "}"
-    parsed = parse(latex, parsing_timeout=None)
+    parsed = parse(latex, _extraction_config(), parsing_timeout=None)
     expr = next((p for p in parsed if isinstance(p, (Basic, MatrixBase))), None)
     if expr is None:
         return None
@@ -281,11 +295,35 @@ def _parse_exact(expression: str) -> Any:
 
 
 def _exact_float(value: Any) -> Any:
-    """Every sympy Float replaced by the rational number its decimal digits spell."""
-    from sympy import Float, Rational
+    """Every sympy Float replaced by the rational number its decimal digits spell, and the
+    symbol ``i`` by the imaginary unit (math-verify reads ``e^{i\\pi}`` with a symbol i)."""
+    from sympy import Float, I, Rational, Symbol
 
-    floats = value.atoms(Float)
-    return value.xreplace({f: Rational(str(f)) for f in floats}) if floats else value
+    replacements: dict[Any, Any] = {f: Rational(str(f)) for f in value.atoms(Float)}
+    for symbol in getattr(value, "free_symbols", ()):
+        if isinstance(symbol, Symbol) and symbol.name == "i":
+            replacements[symbol] = I
+    return value.xreplace(replacements) if replacements else value
+
+
+def _as_vectors(gold: Any, predicted: Any) -> tuple[Any, Any]:
+    """A column or row vector against a tuple (``(3, 4)``, which math-verify reads as an open
+    interval when it has two entries): both as tuples of their entries."""
+    from sympy import Interval, Tuple
+    from sympy.matrices import MatrixBase
+
+    def entries(value: Any) -> Any:
+        if isinstance(value, MatrixBase) and 1 in value.shape:
+            return Tuple(*list(value))
+        if isinstance(value, Interval) and value.left_open and value.right_open:
+            return Tuple(value.start, value.end)
+        return value if isinstance(value, Tuple) else None
+
+    if isinstance(gold, MatrixBase) != isinstance(predicted, MatrixBase):
+        gold_entries, predicted_entries = entries(gold), entries(predicted)
+        if gold_entries is not None and predicted_entries is not None:
+            return gold_entries, predicted_entries
+    return gold, predicted
 
 
 def _assigned_values(expr: Any) -> Any:
@@ -319,6 +357,7 @@ def _judge(gold: Any, predicted: Any) -> str:
     from sympy import EmptySet, FiniteSet, Set, Tuple
     from sympy.logic.boolalg import BooleanFunction
 
+    gold, predicted = _as_vectors(gold, predicted)
     values = _assigned_values(predicted)
     if _is_scalar(gold):
         if isinstance(values, FiniteSet) and len(values) == 1:

@@ -1,0 +1,134 @@
+"""Answer phrases ("The final answer is 64.") and the words that tell a correction from a hedge.
+
+The strict math verifier (`rlvr.verifiers.math`) takes the last explicit answer of a completion.
+Besides ``\\boxed{}`` and the task's marker, an explicit answer is one of these phrases,
+case-insensitive, followed by the answer on the same line (or, when nothing follows the phrase
+on its line, on the next non-blank line):
+
+  * ``the answer is``, ``the final answer is``, ``the correct answer is``, ``my answer is``,
+    ``the answer would be``, ``answers are`` (with or without a colon after them);
+  * ``final answer:``, ``answer:`` (also as ``**Answer:**``, ``**Final answer:** 64`` and
+    ``**Answer: 64**``; markdown emphasis is removed);
+  * Minerva's ``Final Answer: The final answer is $64$. I hope it is correct.`` is the phrase
+    ``Final Answer:`` introducing the phrase ``The final answer is``: the second one counts.
+
+A phrase after "if", "suppose", "assume", "whether" or "check" earlier in its sentence is a
+hypothesis, not an answer (``if the answer is 5, then ...``), and is not a candidate.
+
+What the phrase's answer is (`phrase_answer`): a math span that opens right after the phrase
+(``$64$``, ``\\(64\\)``, ``\\[64\\]``, ``$$64$$``) is the answer; otherwise the text up to the
+end of the sentence (``.``, ``!`` or ``?`` before a space, or a clause such as ``, which``,
+``because``, ``since``, ``so``). A ``$`` before a number that no ``$`` closes before the next
+number is a currency sign (``The answer is $2,500.``).
+
+`hedge_opening` finds an answer that opens with a hedge ("probably 5", "about 5", "between 4 and
+6", "not 4"); `joins_as_spray` decides whether the text between two candidates leaves them both
+standing (a spray: "\\boxed{3} or maybe \\boxed{4}") or makes the later replace the earlier (a
+correction: "\\boxed{41}. Wait, I dropped a term: \\boxed{43}").
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "PHRASE",
+    "correction_in",
+    "hedge_opening",
+    "is_hypothesis",
+    "joins_as_spray",
+    "phrase_answer",
+]
+
+PHRASE = re.compile(
+    r"(?:\b(?:the|my|our)\s+(?:(?:final|correct|exact)\s+)?answers?\s+(?:is|are|would\s+be|"
+    r"should\s+be|will\s+be)\b\s*:?"
+    r"|\bfinal\s+answers?\s*(?:is|are)\b\s*:?"
+    r"|\b(?:final\s+)?answers?\s*\**\s*:)",
+    re.IGNORECASE,
+)
+_HYPOTHESIS = re.compile(r"\b(?:if|suppose|assume|assuming|whether|check|verify)\b", re.IGNORECASE)
+_SENTENCE_START = re.compile(r"[.!?](?:\s|$)|\n")
+
+_MATH_SPANS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+_SENTENCE_END = re.compile(
+    r"[.!?](?=\s|$)"
+    r"|,?\s+(?:which|because|since|as|so|hence|thus|therefore|where|given|meaning|"
+    r"i\.e\.|e\.g\.|I\s+hope)\b",
+    re.IGNORECASE,
+)
+_HEDGE_OPENING = re.compile(
+    r"^(?:\*|\s)*(?:probably|maybe|perhaps|possibly|likely|approximately|approx\.?|about|"
+    r"around|roughly|nearly|almost|at\s+least|at\s+most|between|either|not|"
+    r"less\s+than|more\s+than|greater\s+than|over|under)\b",
+    re.IGNORECASE,
+)
+
+# Between two candidates: a hedge word keeps both standing (a spray), a correction word
+# makes the later one replace the earlier.
+_HEDGE_CUE = re.compile(
+    r"\b(?:or|either|maybe|perhaps|possibly|alternatively|otherwise|might|could)\b", re.IGNORECASE
+)
+_CORRECTION_CUE = re.compile(
+    r"\b(?:wait|actually|correct(?:ion|ing|ed)?|mistake|wrong|error|re-?do(?:ing)?|"
+    r"re-?comput\w*|re-?check\w*|re-?calculat\w*|reconsider\w*|instead|oops|sorry|no|"
+    r"fix\w*|reflection|dropped|forgot|missed|hmm|let\s+me)\b",
+    re.IGNORECASE,
+)
+_MAX_HEDGED_GAP_CHARS = 80
+
+
+def is_hypothesis(text: str, start: int) -> bool:
+    """Whether the phrase at ``start`` follows "if"/"suppose"/... earlier in its sentence."""
+    sentence_start = 0
+    for found in _SENTENCE_START.finditer(text, max(0, start - 200), start):
+        sentence_start = found.end()
+    return bool(_HYPOTHESIS.search(text, max(sentence_start, start - 200), start))
+
+
+def _math_span(text: str) -> tuple[str, int] | None:
+    """(inside, length) of a math span opening ``text``; None if none opens it or it is
+    currency."""
+    for opening, closing in _MATH_SPANS:
+        if not text.startswith(opening):
+            continue
+        end = text.find(closing, len(opening))
+        if end == -1:
+            return None
+        after = text[end + len(closing) :]
+        if opening == "$" and re.match(r"\s*\d", after) and re.match(r"\s*\d", text[1:]):
+            return None  # "$5 and $6": two amounts of money, not a math span
+        return text[len(opening) : end], end + len(closing)
+    return None
+
+
+def phrase_answer(text: str) -> tuple[str, int]:
+    """(the answer a phrase introduces, how many characters of ``text`` it used), from the
+    text after the phrase (module docstring)."""
+    stripped = text.lstrip(" \t*:")
+    offset = len(text) - len(stripped)
+    if span := _math_span(stripped):
+        return span[0], offset + span[1]
+    if end := _SENTENCE_END.search(stripped):
+        return stripped[: end.start()].strip(), offset + end.start()
+    return stripped.strip(), len(text)
+
+
+def hedge_opening(answer: str) -> bool:
+    """Whether an answer opens with a hedge ("probably 5", "between 4 and 6", "not 4")."""
+    return bool(_HEDGE_OPENING.match(answer))
+
+
+def correction_in(gap: str) -> bool:
+    """Whether the text between two candidates retracts the earlier one ("Wait, ...")."""
+    return bool(_CORRECTION_CUE.search(gap))
+
+
+def joins_as_spray(gap: str) -> bool:
+    """Whether words between two candidates keep both standing: a short gap with a hedge word
+    ("or", "maybe", "alternatively", ...) and no correction word."""
+    return (
+        len(gap) <= _MAX_HEDGED_GAP_CHARS
+        and bool(_HEDGE_CUE.search(gap))
+        and not correction_in(gap)
+    )
