@@ -421,7 +421,6 @@ def _environ_without_trackio() -> dict[str, str]:
 # --- the CLI ---------------------------------------------------------------------------------
 
 
-@pytest.mark.skip(reason="wired by lead: --report-to is not a LabConfig field yet")
 def test_lab_report_to_tensorboard(tmp_path):
     pytest.importorskip("tensorboard")
     from rlvr.cli import main
