@@ -403,6 +403,7 @@ def _source(request: TaskRequest, held_out_count: int, seed: int, position: int)
             f"{PREFIX}{request.text}: only {len(held)} distinct questions in {draws} draws, "
             f"fewer than the {held_out_count} held out; widen the options"
         )
+    method = _grading_method(request, list(held.values()), dataset_cls)
     fresh = sum(next(items)["question"] not in held for _ in range(FRESH_PROBE))
     if fresh < MIN_FRESH_SHARE * FRESH_PROBE:
         raise GymTaskError(
@@ -410,7 +411,6 @@ def _source(request: TaskRequest, held_out_count: int, seed: int, position: int)
             f"questions (the {held_out_count} held out are most of what the options allow); "
             "widen the options"
         )
-    method = _grading_method(request, list(held.values()), dataset_cls)
     scorer = _dataset(request, options, 0, CHUNK) if method == "scorer" else None
     rows = [_row(item, request.name, method) for item in held.values()]
     checked = dataclasses.replace(request, options=options)
