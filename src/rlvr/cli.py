@@ -32,7 +32,10 @@ class EvalConfig:
     model: str
     """A local Hugging Face model directory (for example runs/lab/model)."""
     task: str = "arithmetic"
-    """arithmetic, code or tool."""
+    """arithmetic, reasoning, code, tool, reasoning_gym:NAME or a dataset file (as `rlvr
+    train --task`)."""
+    columns: str | None = None
+    """A dataset file's columns as rlvr's fields (as `rlvr train --columns`)."""
     max_new_tokens: int | None = None
     """Completion budget in tokens (None: the task's own)."""
     temperature: float = 0.0
@@ -228,7 +231,7 @@ def evaluate(config: EvalConfig) -> None:
             "pass --temperature above 0 (e.g. 1.0) to sample"
         )
     precision = resolve_precision(config.device, config.dtype)
-    task = user_task(config.task, config.arithmetic, config.reasoning)
+    task = user_task(config.task, config.arithmetic, config.reasoning, columns=config.columns)
     model, tokenizer = load_model(config.model, device=precision.device)
     with on_device(precision):
         _evaluate(config, model, tokenizer, task)

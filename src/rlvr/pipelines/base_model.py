@@ -67,7 +67,8 @@ def base_model_key(
 ) -> str:
     """Hash of everything that determines a base model's weights: the task's name (as
     `rlvr.tasks.registry.build_task` takes it) and config (a dataclass for arithmetic and
-    reasoning, ignored for the others), the model's shape and the `BaseConfig` fields of
+    reasoning; for a dataset file its `--columns` mapping, with the file's content hash;
+    ignored for the others), the model's shape and the `BaseConfig` fields of
     `base`, its `hedge_prob` resolved to a number."""
     if base.hedge_prob is None:
         raise ValueError("base_model_key: resolve hedge_prob first (resolved_hedge_prob)")
@@ -83,7 +84,21 @@ def base_model_key(
     }
     if task in ("arithmetic", "reasoning"):
         payload[task] = dataclasses.asdict(task_config)
+    elif Path(task).exists():  # a dataset file: an edited file or another mapping is new data
+        payload["data_sha256"] = _content_hash(Path(task))
+        payload["columns"] = task_config
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _content_hash(path: Path) -> str:
+    """sha256 of a file's bytes, or of every file's relative name and bytes under a
+    directory (a `datasets` save), in sorted order."""
+    digest = hashlib.sha256()
+    files = sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def base_model_dir(

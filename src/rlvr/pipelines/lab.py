@@ -47,6 +47,7 @@ from rlvr.pipelines.engines import (
     check_placement,
     close_engine,
 )
+from rlvr.report.loggers import open_loggers, parse_report_to
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.stats import format_interval, wilson_interval
@@ -54,7 +55,9 @@ from rlvr.report.step_time import format_step_time, step_time_split
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.registry import training_reward
+from rlvr.tasks.rewards import RewardFn
 from rlvr.tasks.spec import TaskSpec
+from rlvr.train.checkpoint import latest_checkpoint_step
 from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.distributed import (
     DistContext,
@@ -126,8 +129,19 @@ class LabConfig:
     beta=0.01): the same as --grpo.epsilon-high 0.28 --grpo.beta 0.01."""
     task: str = "arithmetic"
     """The task: arithmetic (math verifier), reasoning (addition with a <think> block and
-    mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls), or a
-    FILE.jsonl of your own rows (prompt, answer[, solution]), graded by the math verifier."""
+    mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls),
+    reasoning_gym:NAME[?key=value&...][+NAME...] (a reasoning-gym generator, graded by rlvr's
+    verifiers; `pip install 'rlvr[gym]'`), or a dataset file of your own rows: .jsonl, .json,
+    .parquet or a `datasets` directory in rlvr's (prompt, answer[, solution]), TRL's (prompt,
+    solution) or verl's (data_source, prompt messages, reward_model.ground_truth) layout
+    (`pip install 'rlvr[data]'` for parquet and directories)."""
+    columns: str | None = None
+    """A dataset file's columns as rlvr's fields, instead of detecting the layout: e.g.
+    prompt=question,answer=reward_model.ground_truth (dotted paths reach nested fields)."""
+    report_to: str = "none"
+    """Trackers that get the same metrics as metrics.jsonl, the samples and the config:
+    none, or a comma-separated list of tensorboard (event files in the run directory), wandb
+    (WANDB_MODE=offline works), trackio (local); `pip install 'rlvr[tensorboard]'` etc."""
     arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
     reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
@@ -192,6 +206,7 @@ def _resolve(config: LabConfig) -> tuple[LabConfig, TaskSpec]:
 
 def _check(config: LabConfig, task: TaskSpec) -> None:
     """Refuse impossible settings before any model loads, as `ConfigError`s."""
+    parse_report_to(config.report_to)
     try:
         check_grpo_config(config.grpo)
         training_reward(config.verifier, task)
@@ -220,6 +235,7 @@ RESUME_FREE = (
     "device",
     "dtype",
     "rollout",
+    "report_to",
 )
 """Fields that a resume takes from the call, not from the saved config.yaml (where the run
 samples may change: a resume on Ray workers continues a run begun in one process)."""
@@ -258,6 +274,8 @@ def resume_config(config: LabConfig) -> LabConfig:
         progress=config.progress,
         device=config.device,
         dtype=config.dtype,
+        rollout=config.rollout,
+        report_to=config.report_to if config.report_to != "none" else saved.report_to,
     )
 
 
@@ -280,6 +298,7 @@ def lab_task(config: LabConfig) -> TaskSpec:
         config.reasoning,
         hedge_prob=effective_hedge_prob(config),
         seed=config.seed,
+        columns=config.columns,
     )
 
 
@@ -291,7 +310,8 @@ def effective_hedge_prob(config: LabConfig) -> float:
 def _base_settings(config: LabConfig) -> tuple[object | None, BaseConfig]:
     """(the task's config, the base's settings with the hedge resolved): with the task name and
     the model shape, what keys the lab's base model in the cache."""
-    task_config = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}.get(config.task)
+    named = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}
+    task_config = named.get(config.task, config.columns)  # a dataset file: its column mapping
     return task_config, dataclasses.replace(config.base, hedge_prob=effective_hedge_prob(config))
 
 
@@ -341,6 +361,24 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
             overwrite=config.overwrite and ctx.is_main,
             resume=resume or not ctx.is_main,
         )
+    if ctx.is_main:  # the trackers are opened (or refused) before any model loads
+        resume_step = latest_checkpoint_step(run.path / "checkpoints") if resume else None
+        trackers = parse_report_to(config.report_to)
+        run.attach(open_loggers(trackers, run.path, config.run_name, to_dict(config), resume_step))
+    with run:
+        return _train(config, task, precision, ctx, run, reward_fn)
+
+
+def _train(
+    config: LabConfig,
+    task: TaskSpec,
+    precision: Precision,
+    ctx: DistContext,
+    run: RunDirectory,
+    reward_fn: RewardFn,
+) -> dict:
+    """`_run` once the run directory is open (and its trackers attached)."""
+    resume = config.resume is not None
     start = time.perf_counter()
 
     # --- base model ------------------------------------------------------------------------

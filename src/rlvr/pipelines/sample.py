@@ -23,6 +23,7 @@ from rlvr.devices import on_device, resolve_precision
 from rlvr.models.tiny import load_model
 from rlvr.pipelines.common import user_task
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.tasks.dataset_files import is_rlvr_jsonl
 from rlvr.tasks.jsonl import load_rows
 from rlvr.train.rejection import RejectionConfig, rejection_sample, write_jsonl
 from rlvr.verifiers.adapters import trl_reward
@@ -41,7 +42,10 @@ class SampleConfig:
     """The JSONL file to write: {"prompt", "completion", "reward", ...row columns} per line."""
     task: str = "arithmetic"
     """Prompts and verifier: arithmetic, code or tool (training rows, the task's strict
-    verifier), or a FILE.jsonl of rows with "prompt" and the verifier's column ("answer")."""
+    verifier), a FILE.jsonl of rows with "prompt" and the verifier's column ("answer"), or
+    any dataset file `rlvr train --task` reads (its layout's verifier)."""
+    columns: str | None = None
+    """A dataset file's columns as rlvr's fields (as `rlvr train --columns`)."""
     num_prompts: int | None = 256
     """Prompts to sample for: the first N training rows of a task, or of FILE.jsonl (None: all
     of the file's rows)."""
@@ -87,11 +91,15 @@ def prompts_and_verifier(
     """(rows to sample for, reward function, completion budget) of `config.task`: the first
     `num_prompts` rows of a FILE.jsonl with `--verifier`'s reward, or of a named task's
     training stream (seeded by the sampling seed) with the task's strict verifier."""
-    if config.task.endswith(".jsonl"):
+    if (
+        config.task.endswith(".jsonl")
+        and config.columns is None
+        and is_rlvr_jsonl(Path(config.task))
+    ):
         reward_fn = trl_reward(config.verifier)
         column = REFERENCE_FIELD.get(config.verifier)
         rows = load_rows(config.task, ("prompt", column) if column else ("prompt",))
         return rows[: config.num_prompts], reward_fn, FILE_BUDGET
-    task = user_task(config.task, config.arithmetic)
+    task = user_task(config.task, config.arithmetic, columns=config.columns)
     rows = list(itertools.islice(task.train_rows(config.sampling.seed), config.num_prompts))
     return rows, task.reward_fn, task.max_new_tokens

@@ -40,6 +40,7 @@ from rlvr.models.tiny import (
     save_model,
 )
 from rlvr.pipelines.common import user_task
+from rlvr.report.loggers import open_loggers, parse_report_to
 from rlvr.report.plots import plot_loss_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
@@ -58,8 +59,11 @@ class SFTConfig:
     data: str | None = None
     """A JSONL file of {"prompt": ..., "completion": ...} lines (e.g. `rlvr sample` output)."""
     task: str | None = None
-    """Instead of --data: a task (arithmetic, code, tool, or FILE.jsonl with a "solution"
+    """Instead of --data: a task (arithmetic, code, tool, or a dataset file with a "solution"
     column) whose correct worked solutions are the pairs, an endless stream (needs --steps)."""
+    columns: str | None = None
+    """A dataset file's columns as rlvr's fields (as `rlvr train --columns`), e.g.
+    prompt=question,answer=gold,solution=worked."""
     model: str = "tiny"
     """A local Hugging Face model directory, or "tiny" for a fresh tiny model (--tiny.*)."""
     run_dir: str = "runs/sft"
@@ -67,6 +71,9 @@ class SFTConfig:
     model/)."""
     overwrite: bool = False
     """Replace an existing run directory."""
+    report_to: str = "none"
+    """Trackers that get metrics.jsonl's scalars and the config as well (as `rlvr train
+    --report-to`): none, or comma-separated tensorboard, wandb, trackio."""
     steps: int | None = None
     """Optimizer steps. None: --epochs passes over --data."""
     epochs: int = 1
@@ -166,12 +173,29 @@ def _run_sft(
     if config.data is not None:
         pairs = load_pairs(config.data)  # refused before any model loads
     elif config.task is not None:
-        task = user_task(config.task, config.arithmetic, seed=config.seed)
+        task = user_task(config.task, config.arithmetic, seed=config.seed, columns=config.columns)
     config = resolve_sft_config(config, len(pairs) if pairs is not None else None)
     config = replace(config, run_dir=str(run_dir or config.run_dir))
     eval_pairs = load_pairs(config.eval_data) if config.eval_data else None
     path = Path(config.run_dir)
     run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
+    trackers = parse_report_to(config.report_to)  # opened (or refused) before the model loads
+    run.attach(open_loggers(trackers, run.path, path.name, to_dict(config), resume_step=None))
+    with run:
+        return _train(config, precision, run, task, pairs, eval_pairs, evaluate, start)
+
+
+def _train(
+    config: SFTConfig,
+    precision: Precision,
+    run: RunDirectory,
+    task: TaskSpec | None,
+    pairs: list[Pair] | None,
+    eval_pairs: list[Pair] | None,
+    evaluate: Evaluator | None,
+    start: float,
+) -> Path:
+    """`_run_sft` once the run directory is open (and its trackers attached)."""
     run.write_config(to_dict(config))
     if precision.is_cpu:
         torch.set_num_threads(config.threads)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import importlib
 import itertools
 import json
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -36,7 +35,7 @@ from rlvr.config import UserError
 from rlvr.tasks import data_sources, jsonl
 from rlvr.tasks.jsonl import JSONLFileNotFoundError, Pair, split_rows
 from rlvr.tasks.layouts import DataFileError, Table, rows_of
-from rlvr.tasks.spec import Row, TaskSpec
+from rlvr.tasks.spec import Row, TaskSpec, endless_shuffles
 from rlvr.verifiers import math as math_verifier
 
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -98,14 +97,6 @@ def task_spec(
     train, held_out = split_rows(rows, held_out_fraction, seed)
     name = Path(path).name
 
-    def train_rows(seed: int) -> Iterator[Row]:
-        """Endless passes over the training rows, each in a fresh seeded order."""
-        order = random.Random(seed)
-        while True:
-            shuffled = train[:]
-            order.shuffle(shuffled)
-            yield from shuffled
-
     def corpus(seed: int, flaw_prob: float) -> Iterator[Pair]:
         """The training rows' (prompt, solution) pairs, repeated without end (no flaws)."""
         if not all(isinstance(r.get("solution"), str) for r in train):
@@ -124,7 +115,7 @@ def task_spec(
     return TaskSpec(
         name="jsonl" if str(path).endswith(".jsonl") else "file",
         held_out_rows=lambda: held_out,
-        train_rows=train_rows,
+        train_rows=lambda seed: endless_shuffles(train, seed),
         corpus=corpus,
         reward_fn=data_sources.data_source_reward if verl else math_verifier.math_reward,
         score=data_sources.data_source_score if verl else _math_score,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.config import UserError
-from rlvr.tasks.spec import TaskSpec
+from rlvr.tasks.spec import TaskSpec, endless_shuffles
 from rlvr.verifiers import math as math_verifier
 
 Row = dict[str, Any]
@@ -198,14 +198,6 @@ def task_spec(path: str | Path, held_out_fraction: float = 0.1, seed: int = 0) -
     rows = load_rows(path)
     train, held_out = split_rows(rows, held_out_fraction, seed)
 
-    def train_rows(seed: int) -> Iterator[Row]:
-        """Endless passes over the training rows, each in a fresh seeded order."""
-        order = random.Random(seed)
-        while True:
-            shuffled = train[:]
-            order.shuffle(shuffled)
-            yield from shuffled
-
     def corpus(seed: int, flaw_prob: float) -> Iterator[Pair]:
         """The training rows' (prompt, solution) pairs, repeated without end (no flaws)."""
         if not all("solution" in r for r in train):
@@ -220,7 +212,7 @@ def task_spec(path: str | Path, held_out_fraction: float = 0.1, seed: int = 0) -
     return TaskSpec(
         name="jsonl",
         held_out_rows=lambda: held_out,
-        train_rows=train_rows,
+        train_rows=lambda seed: endless_shuffles(train, seed),
         corpus=corpus,
         reward_fn=math_verifier.math_reward,
         score=lambda completion, row: math_verifier.score(completion, row["answer"]),

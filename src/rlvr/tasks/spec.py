@@ -63,3 +63,12 @@ def draws_excluding(
         problem = draw(rng)
         if key(problem) not in excluded:
             yield problem
+
+
+def endless_shuffles(rows: Sequence[Row], seed: int) -> Iterator[Row]:
+    """Endless passes over `rows`, each pass in a fresh order drawn from one seeded stream."""
+    order = random.Random(seed)
+    while True:
+        shuffled = list(rows)
+        order.shuffle(shuffled)
+        yield from shuffled

@@ -122,6 +122,13 @@ def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
+def latest_checkpoint_step(directory: str | os.PathLike) -> int | None:
+    """The step of the newest complete checkpoint in `directory` (a resumed run goes on after
+    it), or None when there is none."""
+    found = _complete_checkpoints(Path(directory))
+    return found[-1][0] if found else None
+
+
 # --- saving ----------------------------------------------------------------------------------
 
 
