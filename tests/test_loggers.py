@@ -436,3 +436,12 @@ def test_lab_report_to_tensorboard(tmp_path):
         assert scalars[tag] == [(s, pytest.approx(v, rel=1e-6)) for s, v in expected], tag
     assert sorted(texts["samples/text_summary"]) == [1, 2, 3]
     assert "run_name: tb" in texts["config/text_summary"][0]
+
+
+def test_check_installed_refuses_a_missing_tracker_before_anything_opens(monkeypatch):
+    from rlvr.report.loggers import check_installed
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'rlvr\[wandb\]'$"):
+        check_installed(("wandb",))
+    check_installed(())  # none: nothing to check

@@ -100,8 +100,10 @@ def test_impossible_grpo_settings_are_refused_before_any_stage_runs(tmp_path):
 
 def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    report = run_pipeline(load_pipeline(write(tmp_path, SPEC)), out, progress=False)
+    spec = load_pipeline(write(tmp_path, SPEC))
+    report = run_pipeline(spec, out, progress=False, report_to="tensorboard")
     assert [r["stage"] for r in report] == ["base", "cold", "rl", "samples", "budget"]
+    assert list((out / "03-rl" / "grpo" / "tensorboard").glob("events.out.tfevents.*"))
     for row in report:
         if row["kind"] in ("base", "sft", "grpo"):
             assert 0 <= row["accuracy"] <= 1 and 0 <= row["readability@no_think"] <= 1

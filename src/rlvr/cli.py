@@ -89,6 +89,9 @@ class PipelineConfig:
     dtype: str = "auto"
     """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
     bfloat16."""
+    report_to: str = "none"
+    """Trackers every GRPO stage reports to as well (as `rlvr train --report-to`): none, or
+    comma-separated tensorboard, wandb, trackio."""
     progress: bool = True
     """Show progress bars."""
 
@@ -344,7 +347,7 @@ def pipeline(config: PipelineConfig) -> None:
     precision = resolve_precision(config.device, config.dtype)
     spec = load_pipeline(config.pipeline)
     out = config.out_dir or f"runs/pipeline-{spec.name}"
-    run_pipeline(spec, out, config.progress, config.reevaluate, precision)
+    run_pipeline(spec, out, config.progress, config.reevaluate, precision, config.report_to)
     print(f"[rlvr] report: {out}/report.md, figure: {out}/report.png")
 
 

@@ -33,6 +33,7 @@ from rlvr.config import ConfigError, UserError, from_dict, read_yaml
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
+from rlvr.report.loggers import check_installed, parse_report_to
 from rlvr.report.plots import plot_pipeline
 from rlvr.report.stats import format_interval
 from rlvr.tasks import reasoning
@@ -161,23 +162,38 @@ def run_pipeline(
     progress: bool = True,
     reevaluate: bool = False,
     precision: Precision | None = None,
+    report_to: str = "none",
 ) -> list[dict[str, Any]]:
     """Run (or resume) `pipeline` under `out_dir`; returns the report rows. With
     `reevaluate`, finished stages are not re-run but their models are evaluated afresh.
-    Every stage's model runs on `precision` (default: the CPU in float32)."""
+    Every stage's model runs on `precision` (default: the CPU in float32); every GRPO stage
+    also reports to the trackers of `report_to` (as `rlvr train --report-to`)."""
     precision = precision or resolve_precision("cpu", "float32")
+    trackers = parse_report_to(report_to)
+    check_installed(trackers)  # before the first stage trains, not at the first GRPO stage
     with on_device(precision):
-        return _run_stages(pipeline, Path(out_dir), progress, reevaluate, precision)
+        return _run_stages(pipeline, Path(out_dir), progress, reevaluate, precision, trackers)
 
 
 def _run_stages(
-    pipeline: Pipeline, out: Path, progress: bool, reevaluate: bool, precision: Precision
+    pipeline: Pipeline,
+    out: Path,
+    progress: bool,
+    reevaluate: bool,
+    precision: Precision,
+    report_to: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """`run_pipeline` inside its precision."""
     out.mkdir(parents=True, exist_ok=True)
     task = reasoning.task_spec(pipeline.task)
     ctx = stages.PipelineContext(
-        pipeline.task, task, pipeline.tiny, pipeline.seed, progress, precision=precision
+        pipeline.task,
+        task,
+        pipeline.tiny,
+        pipeline.seed,
+        progress,
+        precision=precision,
+        report_to=report_to,
     )
     device = precision.device
     check_stages(pipeline, task)

@@ -42,6 +42,7 @@ from rlvr.pipelines.common import (
 )
 from rlvr.pipelines.engines import RolloutPlacement, build_engine, check_placement, close_engine
 from rlvr.pipelines.sft import SFTConfig, run_sft
+from rlvr.report.loggers import open_loggers
 from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import reasoning
@@ -65,6 +66,7 @@ class PipelineContext:
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     last_model: str | None = None  # the most recent stage's model directory
+    report_to: tuple[str, ...] = ()  # trackers of every GRPO stage (`parse_report_to`)
 
     def model_of(self, stage: str | None) -> str:
         """The model directory of `stage` (None: the latest model-producing stage)."""
@@ -280,6 +282,8 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
 
     write_stage_config(stage_dir, dataclasses.replace(s, grpo=config))
     run = RunDirectory(stage_dir, "grpo", overwrite=True)
+    run_name = f"{stage_dir.parent.name}-{stage_dir.name}"  # e.g. pipeline-r1-03-rl
+    run.attach(open_loggers(ctx.report_to, run.path, run_name, to_dict(config), None))
     run.write_config(to_dict(config))
     seed = ctx.seed + s.seed
     engine = build_engine(
@@ -302,6 +306,7 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
         )
     finally:
         close_engine(engine)
+        run.close()
     return {"model": str(save_policy(model, tokenizer, stage_dir / "model", s.lora))}
 
 

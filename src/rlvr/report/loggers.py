@@ -109,6 +109,13 @@ def open_loggers(
     return opened
 
 
+def check_installed(names: Iterable[str]) -> None:
+    """Refuse (a one-line ConfigError with the pip command) a tracker of `names` whose
+    package is missing, without opening anything: for runs that open their trackers late."""
+    for name in names:
+        _require(name, name)
+
+
 def _require(module: str, extra: str) -> ModuleType:
     """`module` imported, or a ConfigError naming the pip command of the extra `extra`."""
     try:
