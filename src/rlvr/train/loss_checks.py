@@ -520,10 +520,11 @@ def _check_dr_grpo(config: GRPOConfig, plan: StepPlan, probe: _Probe, seed: int)
     completion loses half its tokens; under `dr_grpo` the advantages are r - group mean."""
     name = "Dr. GRPO denominator"
     if config.aggregation != "seq-mean-token-sum-norm":
+        divides = SPLIT_INVARIANT.get(config.aggregation, "its own divisor")
         return _not_applicable(
             name,
-            f"aggregation={config.aggregation} divides by the step's tokens or each row's own "
-            "(Dr. GRPO's constant max_len x sequences is seq-mean-token-sum-norm)",
+            f"aggregation={config.aggregation} takes {divides}, not Dr. GRPO's constant "
+            "max_len x rows (seq-mean-token-sum-norm)",
         )
     assert config.max_new_tokens is not None
     gen = torch.Generator().manual_seed(seed + 1)
