@@ -449,3 +449,18 @@ def test_trl_parquet_trains_a_base_model_on_its_solutions(tmp_path):
     base = ["--base.steps", "3", "--base.batch-size", "4", *TINY_MODEL_FLAGS]
     metrics = run_train(tmp_path, path, "trl", *base)
     assert 0.0 <= metrics[1]["reward/math_reward"] <= 1.0
+
+
+def test_eval_on_a_file_grades_every_row_of_it(tmp_path, capsys):
+    from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
+
+    tokenizer = build_char_tokenizer()
+    shape = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    model_dir = save_model(build_tiny_model(shape, tokenizer, seed=0), tokenizer, tmp_path / "m")
+    rows = [verl_row("openai/gsm8k", f"What is {a}+{b}?", str(a + b)) for a, b in SUMS]
+    path = write_parquet(tmp_path / "test.parquet", rows)
+    capsys.readouterr()
+    main(["eval", "--model", str(model_dir), "--task", str(path), "--max-new-tokens", "4"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["problems"] == len(SUMS)  # the whole file, not a held-out tenth of it
+    assert result["accuracy"] == 0.0  # an untrained model writes no '#### N'

@@ -32,8 +32,8 @@ class EvalConfig:
     model: str
     """A local Hugging Face model directory (for example runs/lab/model)."""
     task: str = "arithmetic"
-    """arithmetic, reasoning, code, tool, reasoning_gym:NAME or a dataset file (as `rlvr
-    train --task`)."""
+    """arithmetic, reasoning, code, tool, reasoning_gym:NAME (their held-out rows) or a dataset
+    file (as `rlvr train --task`; every row of it is evaluated)."""
     columns: str | None = None
     """A dataset file's columns as rlvr's fields (as `rlvr train --columns`)."""
     max_new_tokens: int | None = None
@@ -245,9 +245,12 @@ def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
     from rlvr.models.chat import format_rows
     from rlvr.pipelines.common import few_shot_examples
     from rlvr.report.stats import sample_metrics
+    from rlvr.tasks.dataset_files import all_rows, is_data_file
     from rlvr.train.evaluate import held_out_samples
 
     rows = task.held_out_rows()
+    if is_data_file(config.task):  # a file given to an evaluation is a test set: all of it
+        rows = all_rows(config.task, config.columns)
     if config.task == "reasoning":
         from rlvr.tasks.reasoning import set_mode
 

@@ -78,6 +78,14 @@ def load_file_rows(path: str | Path, columns: str | None = None) -> tuple[list[R
     return rows_of(read_table(path), columns)
 
 
+def all_rows(path: str | Path, columns: str | None = None) -> list[Row]:
+    """Every row of a dataset file as its task's rows (training and held-out together): what
+    `rlvr eval --task FILE` evaluates, since a file given to an evaluation is a test set."""
+    if columns is None and str(path).endswith(".jsonl") and is_rlvr_jsonl(Path(path)):
+        return jsonl.load_rows(path)
+    return load_file_rows(path, columns)[0]
+
+
 def task_spec(
     path: str | Path, held_out_fraction: float = 0.1, seed: int = 0, columns: str | None = None
 ) -> TaskSpec:
