@@ -2,12 +2,16 @@
 
     python benchmarks/bench_verifiers.py                 # defaults: 400 math items, 32 programs
     python benchmarks/bench_verifiers.py --math-items 1000 --programs 64
+    python benchmarks/bench_verifiers.py --baseline 6b6695c --skip-code   # before/after, one run
 
 Math: ``rlvr.verifiers.math.score`` against ``math_verify.parse`` + ``math_verify.verify`` called
 directly, on the same completions (the answer in ``\\boxed{}``) and references: integer answers
 (rlvr's exact Decimal fast path) and LaTeX answers written differently from the reference
 (``\\frac{2a}{2b}`` for ``\\frac{a}{b}``, so both go through sympy). Every item is distinct, so
-no parse cache helps; half of the answers are wrong.
+no parse cache helps; half of the answers are wrong. ``--baseline REV`` also times the math
+verifier as it was at git revision REV (its ``src/rlvr/verifiers/math.py``, loaded beside the
+current one) in the same run, so before and after share the machine's load. It shares the
+current symbolic worker and its caches, so it gets items of its own (same kinds, another seed).
 
 Code: ``rlvr.verifiers.code.verify`` one program after another against ``verify_batch`` with a
 thread pool of sandboxes; each program has three ``assert`` tests, each test its own sandboxed
@@ -17,11 +21,15 @@ process. Half of the programs are wrong.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from math_verify import parse as mv_parse
 from math_verify import verify as mv_verify
@@ -60,8 +68,24 @@ def latex_items(n: int, rng: random.Random) -> list[tuple[str, str]]:
     return items
 
 
-def rlvr_math(items: list[tuple[str, str]]) -> float:
-    return sum(math_score(completion, gold) for completion, gold in items)
+def rlvr_math(items: list[tuple[str, str]], score: Callable[..., float] = math_score) -> float:
+    return sum(score(completion, gold) for completion, gold in items)
+
+
+def baseline_score(revision: str) -> Callable[..., float]:
+    """``score`` of src/rlvr/verifiers/math.py as it was at a git revision."""
+    root = Path(__file__).resolve().parents[1]
+    source = subprocess.run(
+        ["git", "show", f"{revision}:src/rlvr/verifiers/math.py"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    spec = importlib.util.spec_from_loader("rlvr_math_baseline", loader=None)
+    module: Any = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    exec(compile(source, f"{revision}:math.py", "exec"), module.__dict__)
+    return module.score
 
 
 def direct_math_verify(items: list[tuple[str, str]]) -> float:
@@ -99,7 +123,10 @@ def main() -> None:
     parser.add_argument("--math-items", type=int, default=400)
     parser.add_argument("--programs", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--baseline", help="also time the math verifier of this git revision")
+    parser.add_argument("--skip-code", action="store_true", help="time the math verifier only")
     args = parser.parse_args()
+    before = baseline_score(args.baseline) if args.baseline else None
     rng = random.Random(args.seed)
     cpus = os.cpu_count() or 1
     rows: list[tuple[str, str, int, float, str]] = []  # (group, what, n, seconds, ratio)
@@ -107,6 +134,8 @@ def main() -> None:
     # warm up imports and sympy on items not measured
     warm = integer_items(4, rng) + latex_items(4, rng)
     rlvr_math(warm), direct_math_verify(warm)
+    if before is not None:
+        rlvr_math(warm, before)
 
     for label, make in (("integer", integer_items), ("LaTeX", latex_items)):
         items = make(args.math_items, random.Random(rng.random()))
@@ -116,8 +145,16 @@ def main() -> None:
         ratio = f"{t_mv / t_rlvr:.2f}"
         rows.append((f"math, {label}", "rlvr.verifiers.math.score", len(items), t_rlvr, ratio))
         print(f"# math {label}: rlvr passed {s_rlvr:.0f}, math_verify {s_mv:.0f}", file=sys.stderr)
+        if before is not None:
+            own = make(args.math_items, random.Random(rng.random()))
+            t_before, _ = timed(lambda own=own: rlvr_math(own, before))
+            what = f"rlvr.verifiers.math.score at {args.baseline}"
+            rows.append((f"math, {label}", what, len(items), t_before, f"{t_mv / t_before:.2f}"))
 
     caps = sandbox_capabilities()
+    if args.skip_code:
+        print_table(rows, caps, 0, cpus)
+        return
     programs, tests = code_items(args.programs)
     code_verify(programs[0], tests[0])  # warm-up
     t_single, single = timed(lambda: [code_verify(p, t) for p, t in zip(programs, tests)])
@@ -128,10 +165,18 @@ def main() -> None:
         ratio = f"{t_single / t_pool:.2f}"
         rows.append(("code", f"verify_batch, {workers} workers", len(programs), t_pool, ratio))
 
+    print_table(rows, caps, len(tests[0]), cpus)
+
+
+def print_table(
+    rows: list[tuple[str, str, int, float, str]],
+    caps: dict[str, bool],
+    tests_per_program: int,
+    cpus: int,
+) -> None:
     print(f"machine: {cpus} CPUs, Python {sys.version.split()[0]}")
     print(f"sandbox protections: {', '.join(k for k, v in caps.items() if v)}")
     print(f"sandbox missing: {', '.join(missing_protections(caps)) or 'nothing'}")
-    tests_per_program = len(tests[0])
     print()
     print("| verifier | how | items | seconds | verifications/s | ratio |")
     print("| --- | --- | ---: | ---: | ---: | ---: |")

@@ -89,15 +89,14 @@ from __future__ import annotations
 import os
 import re
 import threading
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import Counter
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from numbers import Real
-from typing import Any
+from typing import Any, NamedTuple
 
 from rlvr.verifiers.answer_phrases import (
-    PHRASE,
+    find_phrases,
     hedge_opening,
     is_hypothesis,
     joins_as_spray,
@@ -155,8 +154,7 @@ _BOX_OPEN = re.compile(
 )
 
 
-@dataclass(frozen=True)
-class _Candidate:
+class _Candidate(NamedTuple):
     """One explicit answer: where it starts and ends in the text, its text, and its kind."""
 
     start: int
@@ -207,6 +205,8 @@ _WORD_PI = re.compile(r"(?<![\\A-Za-z])pi(?![A-Za-z])")
 _WORD_INFINITY = re.compile(r"(?<![\\A-Za-z])(?:infinity|inf|oo)(?![A-Za-z])", re.IGNORECASE)
 _PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 _LATEX_COMMAND = re.compile(r"\\[a-zA-Z]+")
+_CHOICE_LETTER = re.compile(r"\(?[A-J]\)?")  # a multiple-choice reference
+_CHOICE_LABEL = re.compile(r"^(?:\\text\s*\{\s*)?\(?(?P<letter>[A-J])[).:](?:\s|\}|$)")
 _BARE_EQUALS = re.compile(r"(?<![<>!=:\\])=(?!=)")
 # "x = ...", "(a, b) = ...": a variable (or a tuple of them) named, then its value
 _ASSIGNMENT = re.compile(
@@ -494,6 +494,8 @@ def _phrase_text(text: str, start: int, line_end: int, next_start: int) -> tuple
         return start, on_line
     begin = line_end + len(following) - len(stripped)
     end = text.find("\n", begin, next_start)
+    if end == -1 and next_start < len(text):
+        return start, on_line  # a box (or marker) on that line is the answer
     return begin, text[begin : next_start if end == -1 else end]
 
 
@@ -510,9 +512,13 @@ def _candidates(text: str, marker: str) -> list[_Candidate] | None:
             if outside(found):
                 heads.append((found, found + len(marker), "marker"))
             pos = found + len(marker)
-    for match in PHRASE.finditer(text):
-        if outside(match.start()) and not is_hypothesis(text, match.start()):
-            heads.append((match.start(), match.end(), "phrase"))
+    marker_starts = [start for start, _, _ in heads]
+    for phrase_start, phrase_end in find_phrases(text):
+        nearest = bisect_left(marker_starts, phrase_start)
+        if nearest < len(marker_starts) and marker_starts[nearest] < phrase_end:
+            continue  # the marker is this phrase ("Answer:" as DAPO's marker)
+        if outside(phrase_start):
+            heads.append((phrase_start, phrase_end, "phrase"))
     candidates = [_Candidate(s, e, c, "box") for s, e, c in boxes if c is not None]
     starts = sorted([start for start, _, _ in boxes] + [start for start, _, _ in heads])
     for start, head_end, kind in heads:
@@ -528,6 +534,8 @@ def _candidates(text: str, marker: str) -> list[_Candidate] | None:
             answer = text[head_end:answer_end]
         if not _strip_delimiters(answer) and line_end == -1 and next_start < len(text):
             continue  # "#### \boxed{5}", "Final Answer: The final answer is": it introduces
+        if kind == "phrase" and is_hypothesis(text, start):
+            continue  # "if the answer is 5, then ..."
         candidates.append(_Candidate(start, answer_end, answer, kind))
     candidates.sort(key=lambda candidate: candidate.start)
     return candidates
@@ -626,6 +634,17 @@ def _several_values(reference: str) -> bool:
     return bool(re.search(r"[,;]|\\pm(?![a-zA-Z])|\\mp(?![a-zA-Z])|\bor\b", reference))
 
 
+def _equivalent_forms(gold: str, predicted: str, trace: list[str] | None) -> tuple[str, str]:
+    """(gold, predicted) rewritten where a form means the same: a choice label with its option
+    text ("(C) 12" for "C"), and value lists for a reference that lists several values."""
+    if (choice := _CHOICE_LABEL.match(predicted)) and _CHOICE_LETTER.fullmatch(gold):
+        predicted = choice["letter"]
+    if _several_values(gold):  # "x = \pm 3" and "x = 3 or x = -3" for "3, -3"
+        gold, predicted = as_value_list(gold), as_value_list(predicted)
+        _note(trace, f"the reference lists several values: {gold!r} against {predicted!r}")
+    return gold, predicted
+
+
 def _grade(
     completion: Any,
     answer: Any,
@@ -650,13 +669,16 @@ def _grade(
         _note(trace, "the reference is empty")
         return 0.0
     predicted = _normalize(extracted)
+    if _PLAIN_NUMBER.fullmatch(predicted) and _PLAIN_NUMBER.fullmatch(gold):
+        parts["method"] = "exact"  # the common case, kept fast: two plain numbers
+        correct = Decimal(predicted) == Decimal(gold)
+        _note(trace, f"exact decimals: {predicted} against {gold} -> {correct}")
+        return _verdict(correct, parts)
     if hedge_opening(predicted) and not hedge_opening(gold):
         _note(trace, f"{predicted!r} opens with a hedge word -> hedged")
         parts["reason"] = "hedged"
         return 0.0
-    if _several_values(gold):  # "x = \pm 3" and "x = 3 or x = -3" for "3, -3"
-        gold, predicted = as_value_list(gold), as_value_list(predicted)
-        _note(trace, f"the reference lists several values: {gold!r} against {predicted!r}")
+    gold, predicted = _equivalent_forms(gold, predicted, trace)
     left_sides: list[str] = []
     if not _BARE_EQUALS.search(gold):
         if assigned := _ASSIGNMENT.match(predicted):

@@ -306,6 +306,19 @@ def _exact_float(value: Any) -> Any:
     return value.xreplace(replacements) if replacements else value
 
 
+def _summed(expr: Any) -> Any:
+    """A series in closed form where sympy finds one (``\\sum_{n \\ge 0} x^n`` -> ``1/(1-x)``,
+    the branch where it converges); else the expression unchanged."""
+    from sympy import Piecewise, Sum
+
+    if not isinstance(expr, Sum):
+        return expr
+    closed = expr.doit()
+    if isinstance(closed, Piecewise):
+        closed = closed.args[0].expr
+    return expr if closed.has(Sum) else closed
+
+
 def _as_vectors(gold: Any, predicted: Any) -> tuple[Any, Any]:
     """A column or row vector against a tuple (``(3, 4)``, which math-verify reads as an open
     interval when it has two entries): both as tuples of their entries."""
@@ -357,7 +370,7 @@ def _judge(gold: Any, predicted: Any) -> str:
     from sympy import EmptySet, FiniteSet, Set, Tuple
     from sympy.logic.boolalg import BooleanFunction
 
-    gold, predicted = _as_vectors(gold, predicted)
+    gold, predicted = _as_vectors(_summed(gold), predicted)
     values = _assigned_values(predicted)
     if _is_scalar(gold):
         if isinstance(values, FiniteSet) and len(values) == 1:
