@@ -120,6 +120,16 @@ def test_arithmetic_on_padding_before_the_mask_fails_the_nan_check_only(monkeypa
     assert statuses[PADDING] == statuses[SPLIT] == "pass"
 
 
+def test_a_check_that_compares_only_zero_gradients_fails_rather_than_passes(monkeypatch):
+    def no_signal(rewards, group_ids, **kwargs):
+        return torch.zeros_like(rewards)
+
+    monkeypatch.setitem(algo.ADVANTAGE_ESTIMATORS, "grpo", no_signal)
+    results = {r.name: r for r in check_loss(GRPOConfig())}
+    for name in (SPLIT, RANKS, PADDING, PADDING_NAN):
+        assert results[name].failed and "nothing was compared" in results[name].detail
+
+
 def test_the_rank_check_is_not_applicable_inside_a_running_process_group():
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:

@@ -112,6 +112,11 @@ def _not_applicable(name: str, reason: str) -> CheckResult:
     return CheckResult(name, passed=False, detail=reason, applicable=False)
 
 
+def _nothing_compared(name: str) -> CheckResult:
+    """A failure: the reference gradient is 0, so equal gradients would prove nothing."""
+    return CheckResult(name, False, "the reference gradient is 0: nothing was compared")
+
+
 # ----------------------------------------------------------------------------- wrong on purpose
 
 
@@ -255,7 +260,10 @@ def _probe(
         group_size, dim=0
     )
     rewards = torch.randint(0, 2, (PROMPTS, group_size), generator=gen).double()
-    rewards[:, 0], rewards[:, -1] = 1.0, 0.0  # every group has reward variance
+    if group_size > 1:  # every group has reward variance
+        rewards[:, 0], rewards[:, -1] = 1.0, 0.0
+    else:  # groups of one (a batch baseline): variance across the batch
+        rewards[:, 0] = (torch.arange(PROMPTS) % 2).double()
     batch = RolloutBatch(
         prompt_ids=torch.where(prompt_mask.bool(), prompts, pad),
         prompt_mask=prompt_mask,
@@ -460,7 +468,7 @@ def _split_verdict(
         f"{_split_names(reference.parts)}; {splits}"
     )
     if reference.grad.abs().max() == 0:
-        return CheckResult(name, False, "the step's gradient is 0: nothing was compared")
+        return _nothing_compared(name)
     passed = worst <= GRAD_RTOL
     if not passed and config.aggregation not in SPLIT_INVARIANT:
         detail += (
@@ -703,6 +711,8 @@ def _check_padding(policy: torch.nn.Module, plan: StepPlan, probe: _Probe) -> Ch
         pad = ~inputs.loss_mask.bool()
         inputs = dataclasses.replace(inputs, advantages=torch.where(pad, 1e4, inputs.advantages))
     dirty = _step_gradient(policy, plan, inputs, micro_batch_tokens=plan.micro_batch_tokens)
+    if clean.grad.abs().max() == 0:
+        return _nothing_compared(name)
     diff = max(_compare(clean, dirty))
     detail = (
         f"padded width {width} -> {2 * width}, padding holds random token ids and log-probs, "
@@ -735,6 +745,8 @@ def _check_padding_nan(plan: StepPlan, inputs: _StepInputs, seed: int) -> CheckR
         return loss.item(), torch.autograd.grad(loss, leaf)[0]
 
     (clean_loss, clean_grad), (loss, grad) = run(False), run(True)
+    if clean_grad.abs().max() == 0:
+        return _nothing_compared(name)
     diff = max(
         relative_difference(grad, clean_grad),
         abs(loss - clean_loss) / max(1.0, abs(clean_loss)) if loss == loss else float("inf"),
