@@ -401,7 +401,7 @@ def check_loss(config: GRPOConfig, seed: int = 0) -> list[CheckResult]:
             _check_dr_grpo(config, plan, probe, seed),
             _check_rloo(config, plan, probe),
             _check_zero_variance(policy, config, plan, probe),
-            _check_padding(policy, plan, probe),
+            _check_padding(policy, plan, probe, seed),
             _check_padding_nan(plan, inputs, seed),
         ]
 
@@ -699,14 +699,16 @@ def _garbage_padding(probe: _Probe, extra: int, seed: int) -> _Probe:
     )
 
 
-def _check_padding(policy: torch.nn.Module, plan: StepPlan, probe: _Probe) -> CheckResult:
+def _check_padding(
+    policy: torch.nn.Module, plan: StepPlan, probe: _Probe, seed: int
+) -> CheckResult:
     """The step with garbage padding twice as wide against the clean step, as planned."""
     name = "padding: garbage, width"
     width = probe.batch.completion_ids.shape[1]
     clean = _step_gradient(
         policy, plan, _prepare(plan, probe), micro_batch_tokens=plan.micro_batch_tokens
     )
-    inputs = _prepare(plan, _garbage_padding(probe, width, seed=0))
+    inputs = _prepare(plan, _garbage_padding(probe, width, seed))
     if inputs.advantages.dim() == 2:  # per-token advantages: garbage in their padding too
         pad = ~inputs.loss_mask.bool()
         inputs = dataclasses.replace(inputs, advantages=torch.where(pad, 1e4, inputs.advantages))
