@@ -222,3 +222,18 @@ def test_format_check_results_table_and_what_counts_as_failed():
         "rloo     n/a     advantage_estimator=grpo",
         "1 pass, 1 FAIL, 1 n/a",
     ]
+
+
+def test_the_check_loss_command_prints_the_table_and_exits_1_on_a_failure(capsys, monkeypatch):
+    from rlvr.cli import main
+    from rlvr.train import loss_checks
+
+    main(["check-loss", "--recipe", "rloo"])
+    out = capsys.readouterr().out
+    assert "RLOO = n/(n-1) x centred  pass" in out and "0 FAIL" in out
+
+    failing = [loss_checks.CheckResult("split: micro-batches", False, "off by 2x")]
+    monkeypatch.setattr(loss_checks, "check_loss", lambda config, seed=0: failing)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["check-loss"])
+    assert exit_info.value.code == 1 and "FAIL" in capsys.readouterr().out

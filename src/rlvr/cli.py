@@ -114,6 +114,19 @@ class VerifyConfig:
 
 
 @dataclass(frozen=True)
+class CheckLossConfig:
+    """`rlvr check-loss`: the loss identities (micro-batch and rank splits, Dr. GRPO's constant
+    denominator, RLOO's n/(n-1), zero-variance groups, padding) on a GRPO config."""
+
+    recipe: str | None = None
+    """A named recipe (`rlvr recipes`): its switches fill the --grpo fields left at their
+    defaults, as `rlvr train RECIPE` does."""
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    seed: int = 0
+    """Seed of the synthetic batch and the tiny model the checks run on."""
+
+
+@dataclass(frozen=True)
 class RecipesConfig:
     """`rlvr recipes [show NAME]`: list the named recipes or print one's switches."""
 
@@ -354,6 +367,20 @@ def pipeline(config: PipelineConfig) -> None:
     print(f"[rlvr] report: {out}/report.md, figure: {out}/report.png")
 
 
+def check_loss(config: CheckLossConfig) -> None:
+    """`rlvr check-loss`: print each identity's pass / FAIL / n/a with its numbers; exit 1 when
+    any identity fails."""
+    from rlvr.train.loss_checks import check_loss as run_checks
+    from rlvr.train.loss_checks import format_check_results
+    from rlvr.train.recipes import apply_recipe
+
+    grpo = apply_recipe(config.recipe, config.grpo) if config.recipe else config.grpo
+    results = run_checks(grpo, config.seed)
+    print(format_check_results(results))
+    if any(r.failed for r in results):
+        raise SystemExit(1)
+
+
 def verify(config: VerifyConfig) -> None:
     """`rlvr verify`: grade one completion or a JSONL file and print why."""
     from rlvr.verifiers.files import grade_file, grade_one
@@ -381,6 +408,11 @@ COMMANDS = {
     "compare": (compare, CompareConfig, "Run several recipes side by side: one figure, one table."),
     "eval": (evaluate, EvalConfig, "Held-out accuracy of a local model."),
     "verify": (verify, VerifyConfig, "Grade one completion with the strict math verifier."),
+    "check-loss": (
+        check_loss,
+        CheckLossConfig,
+        "Check the loss identities (splits, Dr. GRPO, RLOO, zero-variance groups, padding).",
+    ),
     "sft": (sft, SFTConfig, "Fine-tune on prompt/completion pairs (loss on completion tokens)."),
     "sample": (sample, SampleConfig, "Rejection sampling: keep verified completions as SFT data."),
     "pipeline": (
