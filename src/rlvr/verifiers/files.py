@@ -1,4 +1,8 @@
-"""Grade a JSONL file of completions with any rlvr verifier, summarised by reason."""
+"""Grade a JSONL file of completions with any rlvr verifier, summarised by reason.
+
+A row may carry its ``prompt`` too: the math verifier then refuses an answer that merely
+restates the prompt's expression (``#### 357+468`` for "357+468=").
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,29 @@ REFERENCE_FIELD = {
 }
 
 
-def grade_one(verifier: str, completion: Any, reference: Any, **options: Any) -> tuple[float, dict]:
-    """(reward, parts) of one completion; `verifier` is a key of REFERENCE_FIELD."""
+def grade_one(
+    verifier: str,
+    completion: Any,
+    reference: Any,
+    *,
+    prompt: Any = None,
+    explain: bool = False,
+    **options: Any,
+) -> tuple[float, dict]:
+    """(reward, parts) of one completion; `verifier` is a key of REFERENCE_FIELD.
+
+    ``prompt`` goes to the math verifier (its echo rule); the others ignore it. With
+    ``explain`` (math only), ``parts["explain"]`` says which rules decided, one step a line
+    (`rlvr.verifiers.math.explain`).
+    """
+    if verifier == "math":
+        from rlvr.verifiers import math as math_verifier
+
+        reward, parts = math_verifier.verify(completion, reference, prompt=prompt, **options)
+        if explain:
+            why = math_verifier.explain(completion, reference, prompt=prompt, **options)
+            parts = {**parts, "explain": why}
+        return reward, parts
     if verifier == "code":
         from rlvr.verifiers import code
 
@@ -26,8 +51,7 @@ def grade_one(verifier: str, completion: Any, reference: Any, **options: Any) ->
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {sorted(REFERENCE_FIELD)}")
     from rlvr.verifiers.adapters import VERIFIERS
 
-    if verifier != "math":
-        options.pop("marker", None)
+    options.pop("marker", None)
     if REFERENCE_FIELD[verifier] is None:
         return VERIFIERS[verifier](completion)
     return VERIFIERS[verifier](completion, reference, **options)
@@ -54,7 +78,8 @@ def grade_file(path: str | Path, verifier: str = "math") -> dict[str, Any]:
     reasons: Counter[str] = Counter()
     total = 0.0
     for row in rows:
-        reward, parts = grade_one(verifier, row["completion"], row.get(field) if field else None)
+        reference = row.get(field) if field else None
+        reward, parts = grade_one(verifier, row["completion"], reference, prompt=row.get("prompt"))
         reasons[str(parts.get("reason"))] += 1
         total += reward
     return {

@@ -12,41 +12,62 @@ Reasoning is never graded.
 
 The final answer is the last explicit one.
   * Candidates are every ``\\boxed{...}`` / ``\\fbox{...}`` (brace-balanced, nested braces and
-    escaped ``\\{ \\}`` allowed) and every occurrence of the task marker (default ``####``).
-    A marker's answer runs to the end of its line, or to the next candidate on that line.
-    A marker followed on its line by nothing but a box (``#### \\boxed{5}``) only introduces
-    that box. Markers inside a box are ignored. An answer on the line *after* a bare marker
-    does not count.
-  * The candidate that starts last wins, so a self-correction counts when words separate it
-    from the earlier answer (``#### 824\\nwait, 8+4 carries\\n#### 825``).
-  * Numbers in the text without a marker or a box are not answers (reason ``no_answer``); so
-    is an empty box or empty marker (never a fallback to an earlier number), and a box left
-    unclosed (truncated generation).
+    escaped ``\\{ \\}`` allowed; a brace-less ``\\boxed 9`` boxes the token after it), every
+    occurrence of the task marker (default ``####``), and every answer phrase
+    (`rlvr.verifiers.answer_phrases`: "The answer is 64.", "Final Answer: The final answer is
+    $64$. I hope it is correct." (Minerva's), "**Final answer:** 64", "**Answer: 64**", "The
+    answer is: 64", a heading line "## Final Answer"; not after "if"/"suppose" in its
+    sentence). A marker's answer runs to the end of its line, or to the next candidate on that
+    line; a phrase's answer is the math span right after it (``$64$``) or else the rest of its
+    sentence, and a ``$`` before a number that no ``$`` closes is currency (``$2,500``).
+    A marker or phrase followed on its line by nothing but another candidate (``#### \\boxed{5}``,
+    ``Final Answer: The final answer is``) only introduces it. Markers and phrases inside a
+    box are ignored. An answer on the line *after* a bare marker does not count; after a bare
+    phrase ("The answer is:" then the answer) it does.
+  * The candidate that starts last wins: a later box, marker or phrase replaces an earlier
+    one when words separate them (``#### 824\\nwait, 8+4 carries\\n#### 825``, ``First
+    \\boxed{41}. Wait, I dropped a term: \\boxed{43}``, an intermediate quantity boxed and
+    then the one asked for, a box retracted by a later "the final answer is 43").
+  * Numbers in the text without a marker, a box or an answer phrase are not answers (reason
+    ``no_answer``); so is an empty box or empty marker (never a fallback to an earlier number),
+    and a box left unclosed (truncated generation).
 
 Several different final answers score 0 (reason ``hedged``).
   * A spray: the final group of candidates holds two different values. The group is the
-    last candidate, every candidate on its line, and every earlier one joined to it by
-    nothing but whitespace, punctuation, list numbering or "or"/"and" (``\\boxed{3}
-    \\boxed{4}``, ``\\boxed{3}, or \\boxed{4}``, ``\\boxed{3}\\n\\boxed{4}``,
-    ``#### 3 #### 4``). Equal values (``\\boxed{4} #### 4.0``) are fine.
+    last candidate and every earlier one joined to it by nothing but whitespace, punctuation,
+    list numbering or "or"/"and" (``\\boxed{3} \\boxed{4}``, ``\\boxed{3}, or \\boxed{4}``,
+    ``\\boxed{3}\\n\\boxed{4}``, ``#### 3 #### 4``), or by a short text (80 characters at most)
+    with a hedge word ("or", "maybe", "alternatively", "otherwise", "could", ...) and no
+    correction word ("wait", "actually", "mistake", "recheck", "no", ...). Equal values
+    (``\\boxed{4} #### 4.0``, ``\\boxed{y = 6}, \\boxed{6}``) are fine.
   * Hedge words in the answer: `` or ``, ``±``, ``∓``, ``\\pm``, ``\\mp`` (``72 \\pm 1``),
-    unless the reference itself contains them.
-  * When the reference is a single value (no ``,`` or ``;``): two numbers separated only by
-    ``,``, ``;``, whitespace or `` and `` (``3, 4``, ``825 826``; plain spaces are not
-    thousands separators), and any answer that is a collection of values: a set, tuple or
-    interval with more than one element, an inequality, ``x \\in [2, 4]``. A set or interval
-    that merely contains the answer is not the answer. A one-element set ``\\{5\\}`` is 5.
+    unless the reference itself lists several values; an answer that opens with "probably",
+    "about", "approximately", "between", "not", "at least", ... .
+  * When the reference is a single value (no ``,``, ``;``, inequality, set, interval or
+    matrix): two numbers separated only by ``,``, ``;``, whitespace or `` and `` (``3, 4``,
+    ``825 826``; plain spaces are not thousands separators; ``\\log_3 27`` is one value), and
+    any answer that is a collection of values: a set, tuple or interval with more than one
+    element, an inequality, ``x \\in [2, 4]``. A set or interval that merely contains the
+    answer is not the answer. A one-element set ``\\{5\\}`` is 5.
+  * When the reference lists several values (``3, -3``, ``\\pm 3``), the answer's ``\\pm`` and
+    its "or"/"and" are read as a list of the same values (`rlvr.verifiers.math_forms`):
+    ``x = \\pm 3`` and ``x = 3 or x = -3`` match ``-3, 3``.
 
 Comparison.
   * Normalization, both sides: full-width characters to ASCII, unicode minus signs to ``-``,
     ``× · ÷ π ∞ √ ² ³ °`` to LaTeX; ``$`` / ``\\(`` / ``\\)`` / ``**`` delimiters and a
     trailing period removed; a lone ``\\text{}``/``\\mathrm{}``/``{}`` wrapper unwrapped;
     thousands separators removed (``,``, ``\\,``, ``{,}``, thin spaces; groups of exactly
-    three digits); the words ``pi``, ``inf``/``infinity``/``oo`` read as π and ∞.
+    three digits); the words ``pi``, ``inf``/``infinity``/``oo`` read as π and ∞; ``∅``,
+    ``\\varnothing`` and ``\\{\\}`` as ``\\emptyset``; vulgar fractions (``¾``, ``2½``) and
+    repeating decimals (``0.\\overline{6}`` = 2/3; a written-out ``0.666`` is not) as exact
+    fractions; parentheses around the whole answer dropped (``((5))``); a multiple-choice
+    label with its option text (``(C) 12``) read as the letter when the reference is one.
   * Equations: unless the reference is itself an equation, an answer ``lhs = rhs`` is graded
-    on the text after its last bare ``=`` (``x = 5``, ``357+468=825``); a plain number on an
-    earlier side that differs from a plain-number last side is a hedge (``824 = 825``). A list
-    of equations (``x=1, x=2``) is graded whole, as the set of its values.
+    on the text after its last bare ``=`` (``x = 5``, ``357+468=825``, ``(a, b) = (2, 5)``);
+    a plain number on an earlier side that differs from the last side (or, when the last side
+    is an expression, from the reference) is a hedge (``824 = 825``, ``824 = 357+468``). A
+    list of equations (``x=1, x=2``) is graded whole, as the set of its values.
   * Units: a trailing unit (``5 cm``, ``5\\text{ cm}``, ``5 \\text{apples}``, ``90^\\circ``,
     ``€5``, ``5 square feet``) is split from the value. If both sides carry one, they must be
     the same unit (spellings are unified: ``cm`` = ``centimeters``, ``ft^2`` = ``sq ft``);
@@ -54,7 +75,10 @@ Comparison.
     unit, and an answer's unit is not judged when the reference has none. ``$`` is a math
     delimiter, so a dollar sign is never a unit. A label of plain words after a space or a
     ``\\text{}`` label counts as a unit too (``5 apples`` vs ``5 oranges`` is wrong); a known
-    unit may touch the number (``5cm``) unless it is one letter (``5m`` stays 5·m).
+    unit may touch the number (``5cm``) unless it is one letter (``5m`` stays 5·m). A unit
+    word after a value with a variable in it is a variable (``\\frac{1}{2} b h``: h is the
+    height, not hours; math-verify's own unit stripping is off). A trailing ``\\text{(...)}``
+    remark is dropped.
   * Percent: ``p%`` matches a reference ``r`` without ``%`` when ``p = r`` or ``p/100 = r``
     (data sets write "what percent" answers both ways: ``50\\%`` matches 50 and 0.5); two
     percentages compare their numbers. So ``0.5\\%`` also matches 0.5: a documented leniency.
@@ -62,15 +86,22 @@ Comparison.
     ``10^{8}`` are plain numbers.
   * Fast path: both sides plain decimal literals (optional sign, point, exponent) are compared
     exactly as ``Decimal`` values, without sympy (microseconds; the lab's integer answers).
-  * Otherwise, if the reference is a plain number, an answer with a binary arithmetic operator
-    (``+ - * ^ × · ÷ \\times \\cdot \\div``) is not an evaluated answer (reason
-    ``unevaluated``); this stops echoing the question (``#### 357+468``) from earning reward.
+  * Echoes: when the prompt is known (`math_reward` passes each row's; ``verify(...,
+    prompt=...)``), an answer with a binary arithmetic operator (``+ - * ^ × · ÷ \\times
+    \\cdot \\div``) for a numeric reference that restates the prompt (its text is in the
+    prompt, or it is arithmetic on two or more numbers that all appear there:
+    ``#### 468+357`` for "357+468=") scores 0 (reason ``unevaluated``). Any other expression
+    is evaluated by the symbolic comparison under its time limit: ``2^{6}`` for 64,
+    ``\\log_3 27`` for 3, ``e^{i\\pi}+2`` for 1 (``i`` is the imaginary unit), ``5+6+7`` for 18,
+    a definite integral, a closed form for a reference written as a series.
   * Otherwise math-verify decides, on the answer text alone wrapped in ``\\boxed{}`` (never a
     search through the completion), with three corrections: decimals are exact (every float
     becomes the rational it spells, so ``0.333333`` is not 1/3 and ``3.14159`` is not π;
     math-verify rounds to 6 places); an answer with a free symbol never matches a reference
     without one; infinity (or 1/0, NaN) never matches a finite reference. Sets compare
-    unordered; tuples, intervals and matrices ordered; ``x > 2`` matches ``(2, \\infty)``.
+    unordered; tuples, intervals and matrices ordered; ``x > 2`` matches ``(2, \\infty)`` and
+    ``2 \\le x \\le 7`` matches ``[2, 7]``; a column or row vector matches the tuple of its
+    entries.
     Answers longer than 1000 characters are wrong.
   * Time limit: the symbolic comparison runs in a persistent worker process (pure Python plus
     sympy; a 4 GiB address-space limit), never in the caller, so the limit holds on any
@@ -82,6 +113,7 @@ Comparison.
     ``error`` (a data problem, counted apart from the model's mistakes).
 
 Every verdict is counted by reason in `REASON_COUNTS` (per process; see `reason_counts`).
+`explain` says which of these rules decided, one step a line (``rlvr verify --explain``).
 """
 
 from __future__ import annotations
@@ -679,6 +711,7 @@ def _grade(
         parts["reason"] = "hedged"
         return 0.0
     gold, predicted = _equivalent_forms(gold, predicted, trace)
+    whole = predicted
     left_sides: list[str] = []
     if not _BARE_EQUALS.search(gold):
         if assigned := _ASSIGNMENT.match(predicted):
@@ -691,7 +724,7 @@ def _grade(
     quantity = _split_quantity(predicted)
     predicted_value = _as_decimal(quantity[0])
     left_values = {_as_decimal(_split_quantity(side)[0]) for side in left_sides} - {None}
-    if _hedge_in(predicted, gold):
+    if _hedge_in(predicted, gold) or (whole != predicted and _hedge_in(whole, gold)):
         _note(trace, f"{predicted!r} offers several values -> hedged")
         parts["reason"] = "hedged"  # "3 or 4", "3, 4"
         return 0.0
