@@ -136,6 +136,7 @@ from rlvr.verifiers.answer_phrases import (
 )
 from rlvr.verifiers.format import answer_text, completion_text
 from rlvr.verifiers.math_forms import (
+    angle_brackets,
     as_value_list,
     empty_set,
     outer_parentheses,
@@ -428,7 +429,8 @@ def _normalize(text: str) -> str:
     text = _THOUSANDS.sub(lambda m: _THOUSANDS_SEPARATOR.sub("", m.group()), text)
     text = _WORD_PI.sub(r"\\pi", text)
     text = _WORD_INFINITY.sub(r"\\infty", text)
-    return outer_parentheses(empty_set(repeating_decimals(vulgar_fractions(text))))
+    text = empty_set(repeating_decimals(vulgar_fractions(text)))
+    return outer_parentheses(angle_brackets(text))
 
 
 def _as_decimal(normalized: str) -> Decimal | None:

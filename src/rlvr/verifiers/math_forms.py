@@ -9,6 +9,7 @@ Each function takes one normalized answer text and returns the text math-verify 
   * `outer_parentheses`: ``((5))`` -> ``5``: parentheses around the whole answer that hold
     one value (no top-level comma: ``(1, 2)`` is a tuple) are dropped; math-verify's parser
     takes seconds on a few dozen nested ones.
+  * `angle_brackets`: ``\\langle 1, 2 \\rangle`` (a vector) -> ``(1, 2)``.
   * `empty_set`: ``\\varnothing``, ``\\{\\}``, ``\\{ \\}`` -> ``\\emptyset``.
   * `as_value_list`: an answer offering several values, for a reference that is itself a list
     of values: ``\\pm`` and ``\\mp`` expand (``x = 1 \\pm \\sqrt{2}`` ->
@@ -22,6 +23,7 @@ import re
 from fractions import Fraction
 
 __all__ = [
+    "angle_brackets",
     "as_value_list",
     "empty_set",
     "outer_parentheses",
@@ -41,6 +43,7 @@ _REPEATING = re.compile(
 )
 _EMPTY_SET = re.compile(r"\\varnothing(?![a-zA-Z])|\\\{\s*\\\}|∅")
 _PLUS_MINUS = re.compile(r"\\pm(?![a-zA-Z])|±|\\mp(?![a-zA-Z])|∓")
+_RELATION = re.compile(r"[<>]|\\[lg]eq?(?![a-zA-Z])|\\[ln]eq(?![a-zA-Z])")
 _ASSIGNED = re.compile(r"^\s*[a-zA-Z]\s*=\s*(?P<rhs>.+)$", re.DOTALL)
 _VALUE_JOINER = re.compile(
     r"\s*(?:\\text\s*\{\s*(?:or|and)\s*\}|\\(?:quad|qquad)?\s*\\?text\s*\{\s*(?:or|and)\s*\}"
@@ -72,6 +75,13 @@ def repeating_decimals(text: str) -> str:
     return _REPEATING.sub(_repeating_to_fraction, text)
 
 
+def angle_brackets(text: str) -> str:
+    """``\\langle 1, 2 \\rangle`` -> ``(1, 2)``."""
+    if "\\langle" not in text:
+        return text
+    return re.sub(r"\\rangle(?![a-zA-Z])", ")", re.sub(r"\\langle(?![a-zA-Z])", "(", text))
+
+
 def empty_set(text: str) -> str:
     """``\\varnothing`` and an empty brace set -> ``\\emptyset``."""
     return _EMPTY_SET.sub(r"\\emptyset ", text).strip() if "\\" in text or "∅" in text else text
@@ -91,8 +101,8 @@ def as_value_list(text: str) -> str:
         first, second = ("+", "-") if signs[0] in ("\\pm", "±") else ("-", "+")
         head = head.strip()
         return f"{head}{first}{tail.strip()}, {head}{second}{tail.strip()}"
-    if not signs and _VALUE_JOINER.search(text):
-        return _VALUE_JOINER.sub(", ", text)
+    if not signs and not _RELATION.search(text) and _VALUE_JOINER.search(text):
+        return _VALUE_JOINER.sub(", ", text)  # "x < -2 or x > 2" stays a union
     return text
 
 
