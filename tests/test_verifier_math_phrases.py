@@ -130,6 +130,7 @@ def test_phrase_answer(after: str, answer: str) -> None:
         ("\\boxed{\\int_0^1 2x\\,dx}", "1", 1.0, "correct"),
         ("\\boxed{\\int_0^1 x\\,dx}", "1", 0.0, "wrong"),
         ("#### 4+4+4", "12", 1.0, "correct"),  # no prompt known: evaluated
+        ("What is 4+4+4? #### 4+4+4", "12", 0.0, "unevaluated"),  # ...unless it asks it itself
         ("#### 4+4+5", "12", 0.0, "wrong"),
         ("\\boxed{" + "+".join(str(k) for k in range(1, 31)) + "}", "465", 1.0, "correct"),
         ("\\boxed{" + "+".join(str(k) for k in range(1, 30)) + "}", "465", 0.0, "wrong"),
@@ -298,7 +299,7 @@ def test_explain_names_the_deciding_rules() -> None:
     assert lines[2].startswith("math-verify") and lines[2].endswith("-> correct")
     assert lines[-1] == "reward 1 (correct)"
     assert explain("#### 357+468", "825", prompt="357+468=").splitlines()[-2:] == [
-        "'357+468' restates the prompt's expression -> unevaluated",
+        "'357+468' restates the question's expression -> unevaluated",
         "reward 0 (unevaluated)",
     ]
     assert "a spray" in explain("\\boxed{3} or \\boxed{4}", "4")

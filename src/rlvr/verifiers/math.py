@@ -90,7 +90,8 @@ Comparison.
     prompt=...)``), an answer with a binary arithmetic operator (``+ - * ^ × · ÷ \\times
     \\cdot \\div``) for a numeric reference that restates the prompt (its text is in the
     prompt, or it is arithmetic on two or more numbers that all appear there:
-    ``#### 468+357`` for "357+468=") scores 0 (reason ``unevaluated``). Any other expression
+    ``#### 468+357`` for "357+468=") scores 0 (reason ``unevaluated``); without the prompt, the
+    completion's own questions stand in for it (``357+468=825? #### 357+468``). Any other expression
     is evaluated by the symbolic comparison under its time limit: ``2^{6}`` for 64,
     ``\\log_3 27`` for 3, ``e^{i\\pi}+2`` for 1 (``i`` is the imaginary unit), ``5+6+7`` for 18,
     a definite integral, a closed form for a reference written as a series.
@@ -736,7 +737,14 @@ def _grade(
         _note(trace, f"an equation whose sides differ ({left_sides} = {predicted!r}) -> hedged")
         parts["reason"] = "hedged"  # "824 = 825", and "824 = 357+468" for 825
         return 0.0
-    return _compare(gold_quantity, quantity, predicted_value, timeout_s, parts, prompt, trace)
+    # without the prompt, the completion's own questions ("357+468=825? #### 357+468") stand in
+    echo_source = prompt if prompt is not None else _questions(text)
+    return _compare(gold_quantity, quantity, predicted_value, timeout_s, parts, echo_source, trace)
+
+
+def _questions(text: str) -> str | None:
+    """The sentences of a completion that end with a question mark, None if there are none."""
+    return "\n".join(_QUESTION.findall(text)) or None
 
 
 def _compact(text: str) -> str:
@@ -750,6 +758,7 @@ def _compact(text: str) -> str:
 
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
+_QUESTION = re.compile(r"[^.!?\n]*\?")
 
 
 def _echoes(expression: str, prompt: str) -> bool:
@@ -771,7 +780,10 @@ def _compare(
     prompt: str | None = None,
     trace: list[str] | None = None,
 ) -> float:
-    """Compare two (value text, unit, percent) quantities: exactly, or else symbolically."""
+    """Compare two (value text, unit, percent) quantities: exactly, or else symbolically.
+
+    ``prompt`` is the text an unevaluated expression must not restate (the prompt, or else the
+    completion's own questions)."""
     gold_value_text, gold_unit, gold_percent = gold
     predicted_value_text, predicted_unit, predicted_percent = predicted
     if not predicted_value_text or not gold_value_text:
@@ -794,7 +806,7 @@ def _compare(
         and _BINARY_OPERATOR.search(predicted_value_text)
         and _echoes(predicted_value_text, prompt)
     ):
-        _note(trace, f"{predicted_value_text!r} restates the prompt's expression -> unevaluated")
+        _note(trace, f"{predicted_value_text!r} restates the question's expression -> unevaluated")
         parts["reason"] = "unevaluated"
         return 0.0
     if (
