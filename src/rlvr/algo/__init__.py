@@ -15,6 +15,8 @@ from rlvr.algo.advantages import (
     zero_std_group_fraction,
 )
 from rlvr.algo.dapo import dynamic_sampling_keep, overlong_penalty, truncation_mask
+from rlvr.algo.distill import mixed_advantages, reverse_kl_advantages
+from rlvr.algo.dpo import DPO_LOSSES, dpo_loss, sequence_logps
 from rlvr.algo.gae import (
     discounted_returns,
     gae_advantages,
@@ -24,11 +26,16 @@ from rlvr.algo.gae import (
 from rlvr.algo.kl import KL_ESTIMATORS, kl_in_reward, kl_k1, kl_k2, kl_k3
 from rlvr.algo.losses import (
     RATIO_LEVELS,
+    SURROGATES,
     policy_loss,
     ratio_gspo_token,
     ratio_sequence,
     ratio_surrogate,
     ratio_token,
+    surrogate_cispo,
+    surrogate_conflicts,
+    surrogate_gmpo,
+    surrogate_ppo_clip,
     value_loss,
 )
 from rlvr.algo.reductions import (
@@ -91,3 +98,12 @@ __all__ = [
     "value_loss",
     "zero_std_group_fraction",
 ]
+__all__ += ["DPO_LOSSES", "dpo_loss", "sequence_logps"]
+__all__ += [
+    "SURROGATES",
+    "surrogate_cispo",
+    "surrogate_conflicts",
+    "surrogate_gmpo",
+    "surrogate_ppo_clip",
+]
+__all__ += ["mixed_advantages", "reverse_kl_advantages"]

@@ -12,6 +12,9 @@ file; unknown keys are refused, naming the valid ones):
 - `sample`   rejection sampling (`rlvr sample`): verified completions, optionally only readable
              ones, written as SFT data;
 - `thinking_budget`  accuracy and tokens against a thinking budget, with its figure.
+- `dpo`      DPO / IPO (`rlvr.pipelines.dpo`) on pairs of the model's verified samples, offline
+             or iterated (pairs regenerated from the policy every K steps);
+- `error_kinds`  the kinds of earlier stages' held-out errors, and their accuracy curves.
 
 Every stage function has the signature `(settings, ctx, stage_dir) -> outputs`, where outputs
 name the files it wrote (`model`, `data`, `figure`). `ctx` is the pipeline's shared state.
@@ -40,6 +43,7 @@ from rlvr.pipelines.common import (
     save_policy,
     with_lora,
 )
+from rlvr.pipelines.dpo import DPOStage, ErrorKindsStage, run_dpo_stage, run_error_kinds_stage
 from rlvr.pipelines.engines import RolloutPlacement, build_engine, check_placement, close_engine
 from rlvr.pipelines.sft import SFTConfig, run_sft
 from rlvr.report.loggers import open_loggers
@@ -414,6 +418,8 @@ STAGE_KINDS: dict[str, tuple[type, Callable[..., dict[str, str]]]] = {
     "grpo": (GRPOStage, run_grpo_stage),
     "sample": (SampleStage, run_sample_stage),
     "thinking_budget": (ThinkingBudgetStage, run_thinking_budget_stage),
+    "dpo": (DPOStage, run_dpo_stage),
+    "error_kinds": (ErrorKindsStage, run_error_kinds_stage),
 }
 
 

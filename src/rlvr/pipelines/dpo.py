@@ -1,0 +1,546 @@
+"""`rlvr dpo` and the pipelines' `dpo` and `error_kinds` stages.
+
+The pairs and the loop are `rlvr.train.dpo` (`sample_pair_pool`, `train_dpo`); this module
+chooses the model (the lab's cached base, as `rlvr lab` builds it, or a local checkpoint), the
+task, the prompts, the held-out evaluation, and writes the run directory: config.yaml,
+metrics.jsonl (per step `loss`, `rewards/*`, `completions` generated so far, `time/elapsed_s`;
+`eval/greedy_acc` and `eval/sampled_acc` before training, every `eval_every` steps and at the
+end, as the lab logs them), pools.jsonl (each sampling round's counts), summary.json (the
+evaluations before and after with 95% Wilson intervals `ci95` over the held-out problems,
+completions generated, wall seconds) and model/.
+
+Prompts: the task's training stream from `seed`, consumed in order; offline DPO samples
+`prompts_per_round` of them once, iterated DPO the next `prompts_per_round` every round, so a
+run generates `rounds x prompts_per_round x samples_per_prompt` completions
+(`dpo_completions`).
+
+The error-kind analysis (`error_kind`) reads a wrong completion of the addition tasks (both
+`arithmetic` and `reasoning` write column steps, then the answer) and names its kind: the
+base's taught flaw (`dropped_carry`: the answer of the procedure with one or more carries
+forgotten), `wrong_digit` (one digit off, not explained by a dropped carry), `format` (no
+well-formed answer) or `other`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rlvr.config import ConfigError, read_yaml, to_dict
+from rlvr.devices import Precision, on_device, resolve_precision
+from rlvr.models.tiny import TinyModelConfig, load_model, save_model
+from rlvr.pipelines.base_model import BaseConfig
+from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, user_task
+from rlvr.report.run_dir import RunDirectory, read_jsonl
+from rlvr.report.stats import format_interval, wilson_interval
+from rlvr.tasks.arithmetic import ANSWER_MARKER, ArithmeticTaskConfig
+from rlvr.tasks.reasoning import ReasoningTaskConfig, split_think
+from rlvr.tasks.spec import TaskSpec
+from rlvr.train.dpo import PairPool, sample_pair_pool, train_dpo
+from rlvr.train.evaluate import held_out_accuracy, held_out_samples
+
+if TYPE_CHECKING:
+    from rlvr.pipelines.stages import PipelineContext
+
+LOSS_TYPES = ("sigmoid", "ipo")
+
+
+@dataclass(frozen=True)
+class DPOConfig:
+    """`rlvr dpo`: DPO (or IPO) on (correct, wrong) pairs of the model's own verified samples;
+    writes a run directory with model/."""
+
+    model: str = "lab"
+    """A local Hugging Face model directory, or "lab" for the lab's cached base model of --task
+    (built as `rlvr lab` builds it, from --base.*, --tiny.* and the task's settings)."""
+    task: str = "arithmetic"
+    """The task whose training prompts are sampled and whose strict verifier grades them
+    (arithmetic, reasoning, ...: any task of `rlvr lab --task`)."""
+    run_dir: str = "runs/dpo"
+    """The run directory to write (config.yaml, metrics.jsonl, pools.jsonl, summary.json,
+    model/)."""
+    overwrite: bool = False
+    """Replace an existing run directory."""
+    beta: float = 0.1
+    """DPO's inverse temperature of the implicit reward (IPO: the regulariser tau)."""
+    loss_type: str = "sigmoid"
+    """sigmoid (DPO) or ipo; both on per-sequence summed log-probs (`rlvr.algo.dpo`)."""
+    label_smoothing: float = 0.0
+    """cDPO's label noise eps in [0, 0.5) (sigmoid only)."""
+    steps: int = 40
+    """Optimizer steps."""
+    pairs_per_step: int = 32
+    """Pairs per optimizer step; the step's loss is their mean."""
+    micro_batch_pairs: int = 32
+    """Pairs per forward/backward pass (the divisor stays --pairs-per-step)."""
+    samples_per_prompt: int = 8
+    """Completions sampled per prompt to find a correct and a wrong one."""
+    pairs_per_prompt: int = 2
+    """At most this many (correct, wrong) pairs per prompt, no completion in two."""
+    prompts_per_round: int = 256
+    """Training prompts sampled per round (offline: the one round)."""
+    iterate_every: int = 0
+    """0: offline DPO on one pool of the starting model's pairs. K > 0: iterated DPO, a fresh
+    pool from the current policy (the next --prompts-per-round prompts) every K steps."""
+    temperature: float = 1.0
+    """Sampling temperature of the pairs' completions."""
+    max_new_tokens: int | None = None
+    """Completion budget in tokens (None: the task's)."""
+    lr: float = 1e-4
+    """AdamW learning rate (constant)."""
+    grad_clip: float = 1.0
+    """Clip the gradient's global norm to this value."""
+    eval_every: int = 10
+    """Evaluate every N steps as well as before and after training (0: before and after)."""
+    eval_samples: int = 1
+    """Sampled completions per held-out problem for eval/sampled_acc (at --temperature)."""
+    eval_seed: int = 1
+    """Seed of eval/sampled_acc's sampling."""
+    seed: int = 0
+    """Seed of the prompts, the sampling of pairs and their order."""
+    device: str = "auto"
+    """Where the model trains: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
+    threads: int = 2
+    """CPU threads (torch.set_num_threads; the CPU only)."""
+    progress: bool = True
+    """Show progress bars."""
+    tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
+    """The lab base's shape (with --model lab)."""
+    base: BaseConfig = field(default_factory=BaseConfig)
+    """The lab base's pretraining (with --model lab)."""
+    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
+
+
+def check_dpo_config(config: DPOConfig) -> None:
+    """Refuse a bad setting with a one-line ConfigError naming its flag."""
+    checks = [
+        (config.loss_type in LOSS_TYPES, f"--loss-type must be one of {list(LOSS_TYPES)}"),
+        (config.beta > 0, "--beta must be > 0"),
+        (0.0 <= config.label_smoothing < 0.5, "--label-smoothing must be in [0, 0.5)"),
+        (
+            config.loss_type == "sigmoid" or config.label_smoothing == 0.0,
+            "--label-smoothing applies to --loss-type sigmoid only",
+        ),
+        (config.steps >= 1, "--steps must be >= 1"),
+        (config.pairs_per_step >= 1, "--pairs-per-step must be >= 1"),
+        (config.micro_batch_pairs >= 1, "--micro-batch-pairs must be >= 1"),
+        (
+            config.samples_per_prompt >= 2,
+            "--samples-per-prompt must be >= 2: a pair needs a correct and a wrong sample",
+        ),
+        (config.pairs_per_prompt >= 1, "--pairs-per-prompt must be >= 1"),
+        (config.prompts_per_round >= 1, "--prompts-per-round must be >= 1"),
+        (config.iterate_every >= 0, "--iterate-every must be >= 0 (0: offline DPO)"),
+        (config.temperature > 0, "--temperature must be > 0: pairs need diverse samples"),
+        (config.eval_every >= 0, "--eval-every must be >= 0"),
+        (config.eval_samples >= 1, "--eval-samples must be >= 1"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise ConfigError(message)
+
+
+def dpo_rounds(steps: int, iterate_every: int) -> int:
+    """Sampling rounds of a run: 1 offline, else one every `iterate_every` steps."""
+    return 1 if iterate_every == 0 else -(-steps // iterate_every)
+
+
+def dpo_completions(config: DPOConfig) -> int:
+    """Completions a run generates for its pairs (the held-out evaluations not counted)."""
+    rounds = dpo_rounds(config.steps, config.iterate_every)
+    return rounds * config.prompts_per_round * config.samples_per_prompt
+
+
+# --- rlvr dpo ----------------------------------------------------------------------------
+
+
+def run_dpo(config: DPOConfig) -> Path:
+    """Train as `config` says; write the run directory and return its `model/` directory."""
+    check_dpo_config(config)
+    precision = resolve_precision(config.device, "float32")
+    with on_device(precision):
+        task = user_task(config.task, config.arithmetic, config.reasoning, seed=config.seed)
+        model_dir = _model_dir(config, task)
+        path = Path(config.run_dir)
+        run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
+        with run:
+            return dpo_run(config, task, model_dir, run, precision)
+
+
+def _model_dir(config: DPOConfig, task: TaskSpec) -> Path:
+    """`config.model`, or the lab's cached base of `config.task` (trained if not cached)."""
+    if config.model != "lab":
+        if not Path(config.model).is_dir():
+            raise ConfigError(f"--model {config.model!r} is not a directory (or use: lab)")
+        return Path(config.model)
+    from rlvr.pipelines.lab import LabConfig, build_base_model  # the lab's import is heavy
+
+    lab = LabConfig(
+        task=config.task,
+        arithmetic=config.arithmetic,
+        reasoning=config.reasoning,
+        tiny=config.tiny,
+        base=config.base,
+        progress=config.progress,
+    )
+    return build_base_model(lab, task)[0]
+
+
+def dpo_run(
+    config: DPOConfig,
+    task: TaskSpec,
+    model_dir: str | Path,
+    run: RunDirectory,
+    precision: Precision,
+) -> Path:
+    """DPO from `model_dir` on `task` into the open `run`; returns its `model/` directory."""
+    start = time.perf_counter()
+    check_dpo_config(config)
+    config = replace(config, max_new_tokens=config.max_new_tokens or task.max_new_tokens)
+    run.write_config(to_dict(config))
+    if precision.is_cpu:
+        torch.set_num_threads(config.threads)
+    model, tokenizer = load_model(model_dir, device=precision.device)
+    held_out = task.held_out_rows()
+    prompts = task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET)
+
+    def evaluate(m: torch.nn.Module) -> dict[str, float]:
+        """Held-out accuracy of `m`: greedy, and sampled at the pairs' temperature."""
+        budget = config.max_new_tokens
+        return {
+            "greedy_acc": held_out_accuracy(m, tokenizer, held_out, task.score, budget),
+            "sampled_acc": held_out_accuracy(
+                m,
+                tokenizer,
+                held_out,
+                task.score,
+                budget,
+                temperature=config.temperature,
+                num_samples=config.eval_samples,
+                seed=config.eval_seed,
+            ),
+        }
+
+    pools: list[dict[str, Any]] = []
+
+    def new_pool(policy: torch.nn.Module, round_index: int) -> PairPool:
+        """The next `prompts_per_round` training prompts, sampled by `policy` and paired."""
+        rows = list(itertools.islice(prompts, config.prompts_per_round))
+        pool = sample_pair_pool(
+            policy,
+            tokenizer,
+            rows,
+            task.score,
+            config.samples_per_prompt,
+            config.max_new_tokens,
+            config.pairs_per_prompt,
+            config.temperature,
+            seed=config.seed + 1000 * round_index,
+        )
+        if not pool.pairs and round_index == 0:
+            raise ConfigError(
+                f"{model_dir}: {pool.completions} samples of {pool.prompts} prompts gave no "
+                f"(correct, wrong) pair ({pool.correct} correct): raise --samples-per-prompt "
+                f"(now {config.samples_per_prompt}) or --prompts-per-round"
+            )
+        return pool
+
+    records: list[dict[str, Any]] = []
+    generated = [0]
+
+    def on_pool(step: int, pool: PairPool) -> None:
+        generated[0] += pool.completions
+        pools.append({"step": step, **pool.summary()})
+        _append(run.path / "pools.jsonl", pools[-1])
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        """Record one step's metrics, with the evaluation's where it is due."""
+        every = config.eval_every and step % config.eval_every == 0
+        if step == 0 or step == config.steps or every:
+            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
+        record = {"step": step, **metrics, "completions": generated[0]}
+        records.append({**record, "time/elapsed_s": time.perf_counter() - start})
+        run.log_metrics(records[-1])
+
+    log(0, {})
+    losses = train_dpo(
+        model,
+        tokenizer,
+        new_pool,
+        config.steps,
+        config.pairs_per_step,
+        config.beta,
+        config.lr,
+        loss_type=config.loss_type,
+        label_smoothing=config.label_smoothing,
+        iterate_every=config.iterate_every,
+        micro_batch_pairs=config.micro_batch_pairs,
+        grad_clip=config.grad_clip,
+        seed=config.seed,
+        on_step=log,
+        on_pool=on_pool,
+        progress=config.progress,
+    )
+    save_model(model, tokenizer, run.model_path)
+    problems = len(held_out)
+    summary = {
+        "model_dir": str(run.model_path),
+        "init_model": str(model_dir),
+        "loss_type": config.loss_type,
+        "steps": config.steps,
+        "first_loss": losses[0],
+        "last_loss": losses[-1],
+        "rounds": len(pools),
+        "pairs": sum(p["pairs"] for p in pools),
+        "completions_generated": generated[0],
+        "held_out_problems": problems,
+        "eval_before": _with_intervals(records[0], problems),
+        "eval_after": _with_intervals(records[-1], problems),
+        "wall_seconds": time.perf_counter() - start,
+    }
+    run.write_summary(summary)
+    return run.model_path
+
+
+def _with_intervals(record: dict[str, Any], problems: int) -> dict[str, Any]:
+    """A record's `eval/` values without the prefix, and `ci95`: each one's 95% Wilson interval
+    over the `problems` held-out problems (conservative for sampled accuracy)."""
+    values = {k.removeprefix("eval/"): v for k, v in record.items() if k.startswith("eval/")}
+    return {**values, "ci95": {k: list(wilson_interval(v, problems)) for k, v in values.items()}}
+
+
+def _append(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+# --- the dpo stage -----------------------------------------------------------------------
+
+
+DPO_STAGE_OWNS = ("model", "task", "run_dir", "overwrite", "progress", "device")
+"""`DPOConfig` fields a pipeline's DPO stage sets itself: its `dpo:` settings may not."""
+
+
+@dataclass(frozen=True)
+class DPOStage:
+    """DPO (or iterated DPO) from `model` on the pipeline's task: the trainer's options are
+    `dpo` (YAML `dpo: {steps: 40, iterate_every: 10}`), `DPOConfig`'s defaults where not
+    given; the fields in `DPO_STAGE_OWNS` are the stage's to set. The prompts are the
+    training stream a GRPO stage of the same `seed` draws, in the same order."""
+
+    model: str | None = None
+    """Stage whose model is trained (default: the previous model-producing stage)."""
+    seed: int = 0
+    """Added to the pipeline's seed for this stage's prompts and sampling."""
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    """The trainer's options (`rlvr.pipelines.dpo.DPOConfig`)."""
+
+    def __post_init__(self) -> None:
+        default = DPOConfig()
+        taken = [f for f in DPO_STAGE_OWNS if getattr(self.dpo, f) != getattr(default, f)]
+        if taken:
+            raise ConfigError(
+                f"dpo: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by the "
+                "stage itself (use the stage's model key)"
+            )
+        check_dpo_config(self.dpo)
+
+
+def run_dpo_stage(s: DPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
+    """DPO from the stage's model on the pipeline's task; the run directory is `dpo/`."""
+    config = replace(
+        s.dpo,
+        model=ctx.model_of(s.model),
+        seed=ctx.seed + s.seed,
+        progress=ctx.progress,
+        device=str(ctx.precision.device),
+        max_new_tokens=s.dpo.max_new_tokens or ctx.task.max_new_tokens,
+    )
+    run = RunDirectory(stage_dir, "dpo", overwrite=True)
+    with run:
+        model_dir = dpo_run(config, ctx.task, config.model, run, ctx.precision)
+    return {"model": str(model_dir)}
+
+
+# --- error kinds -------------------------------------------------------------------------
+
+
+ERROR_KINDS = ("dropped_carry", "wrong_digit", "format", "other")
+_ADDITION = re.compile(r"(\d+)\+(\d+)=")
+
+
+def dropped_carry_answers(a: int, b: int) -> set[str]:
+    """Every answer of `a + b` done column by column with one or more carries forgotten (the
+    base corpus's slip; each carry dropped or not), except the correct one."""
+    da, db = [int(c) for c in reversed(str(a))], [int(c) for c in reversed(str(b))]
+    width = max(len(da), len(db))
+    da, db = da + [0] * (width - len(da)), db + [0] * (width - len(db))
+    answers = set()
+    for drops in itertools.product((False, True), repeat=width):
+        digits, carry = [], 0
+        for x, y, drop in zip(da, db, drops):
+            carry = 0 if drop else carry
+            value = x + y + carry
+            digits.append(value % 10)
+            carry = value // 10
+        if carry:
+            digits.append(carry)
+        answers.add(str(int("".join(map(str, reversed(digits))))))
+    return answers - {str(a + b)}
+
+
+def final_answer(completion: str) -> str | None:
+    """The answer a completion gives: after a well-formed think block (reasoning task), else
+    after the last `####` (arithmetic task); None when there is none or it is not a number."""
+    reason, _, answer = split_think(completion)
+    if reason == "ok":
+        text = answer.strip()
+    elif ANSWER_MARKER in completion:
+        text = completion.rsplit(ANSWER_MARKER, 1)[1].strip()
+    else:
+        return None
+    return text if text.isdigit() else None
+
+
+def error_kind(completion: str, row: dict[str, Any]) -> str:
+    """The kind of a *wrong* completion of an addition row (`prompt` holds `A+B=`): one of
+    `ERROR_KINDS` (module docstring). A row that is not an addition is `other`."""
+    answer = final_answer(completion)
+    if answer is None:
+        return "format"
+    match = _ADDITION.search(row["prompt"])
+    if match is None:
+        return "other"
+    a, b = int(match.group(1)), int(match.group(2))
+    if answer in dropped_carry_answers(a, b):
+        return "dropped_carry"
+    right = str(a + b)
+    if len(answer) == len(right) and sum(x != y for x, y in zip(answer, right)) == 1:
+        return "wrong_digit"
+    return "other"
+
+
+def error_shares(completions: list[str], rows: list[dict[str, Any]], scores: list[float]) -> dict:
+    """`{"errors": n, "kinds": {kind: share of the n errors}}` over the rows scored below 1
+    (shares are 0 when there are no errors)."""
+    kinds = Counter(error_kind(c, r) for c, r, s in zip(completions, rows, scores) if s < 1.0)
+    errors = sum(kinds.values())
+    return {"errors": errors, "kinds": {k: kinds[k] / max(1, errors) for k in ERROR_KINDS}}
+
+
+@dataclass(frozen=True)
+class ErrorKindsStage:
+    """The kinds of the held-out greedy errors of earlier stages' models (`error_kind`), with
+    greedy accuracy and its 95% interval; and, when those stages logged a curve (GRPO and DPO
+    stages), held-out greedy accuracy against completions generated and wall seconds."""
+
+    models: tuple[str, ...] = ()
+    """Stages whose models are analysed, in order (e.g. [base, dpo, dpo-iterated, grpo])."""
+
+
+def run_error_kinds_stage(
+    s: ErrorKindsStage, ctx: PipelineContext, stage_dir: Path
+) -> dict[str, str]:
+    """error_kinds.json, error_kinds.md (one table) and, with curves, curves.json/curves.png."""
+    if not s.models:
+        raise ConfigError("models: name at least one earlier stage")
+    rows = ctx.task.held_out_rows()
+    table = []
+    for name in s.models:
+        model, tokenizer = load_model(ctx.model_of(name), device=ctx.precision.device)
+        samples = held_out_samples(model, tokenizer, rows, ctx.task.score, ctx.task.max_new_tokens)
+        completions = [c for (c,) in samples.completions]
+        scores = [sc for (sc,) in samples.scores]
+        table.append(
+            {
+                "stage": name,
+                "greedy_acc": samples.accuracy,
+                **error_shares(completions, rows, scores),
+            }
+        )
+    (stage_dir / "error_kinds.json").write_text(json.dumps(table, indent=2))
+    (stage_dir / "error_kinds.md").write_text(format_error_table(table, len(rows)) + "\n")
+    outputs = {"data": str(stage_dir / "error_kinds.json")}
+    curves = {name: _curve(stage_dir.parent, name) for name in s.models}
+    curves = {k: v for k, v in curves.items() if v}
+    if curves:
+        (stage_dir / "curves.json").write_text(json.dumps(curves, indent=2))
+        outputs["figure"] = str(plot_curves(curves, stage_dir / "curves.png"))
+    return outputs
+
+
+def format_error_table(table: list[dict[str, Any]], problems: int) -> str:
+    """A markdown table: stage, greedy accuracy with its 95% interval, errors, kind shares."""
+    lines = [
+        "| model | greedy acc [95% CI] | errors | " + " | ".join(ERROR_KINDS) + " |",
+        "| --- | --- | --- | " + " | ".join("---" for _ in ERROR_KINDS) + " |",
+    ]
+    for row in table:
+        shares = " | ".join(f"{row['kinds'][k]:.2f}" for k in ERROR_KINDS)
+        acc = format_interval(row["greedy_acc"], problems)
+        lines.append(f"| {row['stage']} | {acc} | {row['errors']} | {shares} |")
+    return "\n".join(lines)
+
+
+def _curve(pipeline_dir: Path, stage: str) -> list[dict[str, float]]:
+    """The held-out greedy curve of an earlier GRPO or DPO stage (from its metrics.jsonl):
+    points {step, completions, seconds, greedy_acc}; [] for a stage that logged none.
+    A GRPO stage generates prompts_per_step x group_size completions a step."""
+    dirs = sorted(pipeline_dir.glob(f"[0-9][0-9]-{stage}"))
+    if not dirs:
+        return []
+    grpo, dpo = dirs[-1] / "grpo" / "metrics.jsonl", dirs[-1] / "dpo" / "metrics.jsonl"
+    if dpo.exists():
+        records, per_step = read_jsonl(dpo), None
+    elif grpo.exists():
+        settings = (read_yaml(dirs[-1] / "config.yaml") or {}).get("grpo", {})
+        records, per_step = read_jsonl(grpo), settings["prompts_per_step"] * settings["group_size"]
+    else:
+        return []
+    points = []
+    for r in records:
+        if "eval/greedy_acc" in r:
+            done = r["completions"] if per_step is None else r["step"] * per_step
+            seconds = r.get("time/elapsed_s", 0.0)
+            points.append(
+                {
+                    "step": r["step"],
+                    "completions": done,
+                    "seconds": seconds,
+                    "greedy_acc": r["eval/greedy_acc"],
+                }
+            )
+    return points
+
+
+def plot_curves(curves: dict[str, list[dict[str, float]]], path: Path) -> Path:
+    """Held-out greedy accuracy against completions generated (left) and wall seconds (right),
+    one line per stage; returns `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for name, points in curves.items():
+        for ax, x in zip(axes, ("completions", "seconds")):
+            ax.plot([p[x] for p in points], [p["greedy_acc"] for p in points], "o-", label=name)
+    axes[0].set_xlabel("completions generated for training")
+    axes[1].set_xlabel("wall seconds (training and its evaluations)")
+    axes[0].set_ylabel("held-out greedy accuracy")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
