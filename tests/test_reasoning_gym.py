@@ -149,8 +149,8 @@ def test_rows_carry_prompt_answer_and_task(sums):
     assert len(held) == 200 and len({r["prompt"] for r in held}) == 200
     row = held[0]
     assert set(row) == {"prompt", "answer", "task"} and row["task"] == "chain_sum"
-    assert row["prompt"].startswith("State the final answer to the following arithmetic problem")
-    assert row["prompt"].endswith(INSTRUCTION)
+    assert row["prompt"].startswith(INSTRUCTION + "State the final answer to the following")
+    assert row["prompt"].endswith(" =\n")
     # the answer is the expression's value: "a + b - c =" read back from the prompt
     expression = row["prompt"].split(": ", 1)[1].split(" =", 1)[0]
     assert str(eval(expression)) == row["answer"]  # noqa: S307 (digits and + - only)

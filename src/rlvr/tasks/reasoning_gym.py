@@ -37,7 +37,9 @@ distinct questions.
 
 Rows
 ----
-``prompt`` is the question plus `INSTRUCTION`; ``answer`` is the reference; ``task`` the
+``prompt`` is `INSTRUCTION`, then the question and a newline (the question last, so that what the
+answer depends on sits close to it: a tiny model learns that copy by relative position, as the
+arithmetic task's docstring explains); ``answer`` is the reference; ``task`` the
 generator's name; scorer tasks add ``metadata`` (what their scorer reads; JSON data). The
 held-out set is `HELD_OUT_SIZE` distinct questions from a dataset seeded by `seed`; training
 rows are an endless stream from datasets seeded by the training seed, skipping every held-out
@@ -85,7 +87,7 @@ __all__ = [
 ]
 
 PREFIX = "reasoning_gym:"
-INSTRUCTION = "\nGive the final answer after ####.\n"
+INSTRUCTION = "Give the final answer after ####.\n"
 ANSWER_MARKER = "####"
 HELD_OUT_SIZE = 200
 CHUNK = 1000
@@ -376,7 +378,7 @@ def _row(item: dict[str, Any], name: str, method: str) -> Row:
     """The task row of one generated item (module docstring, "Rows")."""
     answer = item["answer"]
     row: Row = {
-        "prompt": f"{item['question']}{INSTRUCTION}",
+        "prompt": f"{INSTRUCTION}{item['question'].strip()}\n",
         "answer": answer if isinstance(answer, str) else json.dumps(answer),
         "task": name,
     }
