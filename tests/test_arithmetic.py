@@ -87,3 +87,14 @@ def test_the_question_style_asks_in_words_and_solves_in_one_line():
     assert task.min_new_tokens == len("99+99 = 198\n#### 198") + 1
     with pytest.raises(ValueError, match="style must be one of"):
         task_spec(ArithmeticTaskConfig(style="prose")).held_out_rows()
+
+
+def test_held_out_scoring_refuses_an_echo_of_the_prompt_as_training_does():
+    from rlvr.tasks.arithmetic import ArithmeticTaskConfig, task_spec
+
+    task = task_spec(ArithmeticTaskConfig())
+    row = task.held_out_rows()[0]  # e.g. {"prompt": "896+551=", "answer": "1447"}
+    echo = "#### " + row["prompt"].rstrip("=")
+    assert task.score(echo, row) == 0.0  # the question's own expression evaluates to the answer
+    assert task.score(f"#### {row['answer']}", row) == 1.0
+    assert task.reward_fn([row["prompt"]], [echo], answer=[row["answer"]]) == [0.0]

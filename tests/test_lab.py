@@ -141,6 +141,14 @@ def test_verify_command_explains_its_grade(capsys):
     assert json.loads(capsys.readouterr().out)["reward"] == 1.0
     main(["verify", "--completion", "<think>#### 15</think>", "--answer", "15"])
     assert json.loads(capsys.readouterr().out)["reward"] == 0.0
+    # --explain names the rule that decided; --prompt refuses an echo of the question
+    main(["verify", "--completion", "The answer is 2^6.", "--answer", "64", "--explain"])
+    first, *why = capsys.readouterr().out.splitlines()
+    assert json.loads(first)["reward"] == 1.0 and why[-1] == "reward 1 (correct)"
+    assert any("phrase" in line for line in why)
+    echo = ["verify", "--completion", "#### 7+8", "--answer", "15", "--prompt", "7+8="]
+    main(echo)
+    assert json.loads(capsys.readouterr().out)["reward"] == 0.0
 
 
 def test_unknown_command_and_too_small_budget_are_refused(tmp_path, capsys):

@@ -111,6 +111,10 @@ class VerifyConfig:
     """math, code, tool, format or weak_math."""
     marker: str = "####"
     """The final-answer marker (math)."""
+    prompt: str | None = None
+    """The prompt (math): an answer that only restates its expression scores 0."""
+    explain: bool = False
+    """Print which grading rules decided the verdict, one step a line (math)."""
 
 
 @dataclass(frozen=True)
@@ -389,9 +393,17 @@ def verify(config: VerifyConfig) -> None:
         print(json.dumps(grade_file(config.file, config.verifier), indent=2))
     elif config.completion is not None:
         reward, parts = grade_one(
-            config.verifier, config.completion, config.answer, marker=config.marker
+            config.verifier,
+            config.completion,
+            config.answer,
+            marker=config.marker,
+            prompt=config.prompt,
+            explain=config.explain,
         )
+        why = parts.pop("explain", None)
         print(json.dumps({"reward": reward, **parts}))
+        if why:
+            print(why)
     else:
         raise SystemExit("rlvr verify: pass --file FILE.jsonl, or --completion and --answer")
 

@@ -221,7 +221,9 @@ def task_spec(config: ArithmeticTaskConfig, hedge_prob: float = 0.0) -> TaskSpec
         train_rows=train_rows,
         corpus=corpus,
         reward_fn=math_verifier.math_reward,
-        score=lambda completion, row: math_verifier.score(completion, row["answer"]),
+        score=lambda completion, row: math_verifier.score(
+            completion, row["answer"], prompt=row.get("prompt")
+        ),
         max_new_tokens=budget,
         describe=f"{config.digits}-digit {'/'.join(names[o] for o in config.operations)}",
         min_new_tokens=max_solution_chars(config) + 1,

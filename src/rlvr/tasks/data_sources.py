@@ -122,7 +122,7 @@ def code_fields(ground_truth: Any) -> Row:
 
 def math_score(completion: Any, row: Row) -> float:
     """The strict math verifier (``####`` or ``\\boxed{}``) on one completion of `row`."""
-    return math_verifier.score(completion, row["answer"])
+    return math_verifier.score(completion, row["answer"], prompt=row.get("prompt"))
 
 
 def dapo_reward(
@@ -132,12 +132,15 @@ def dapo_reward(
     ``Answer:`` (a ``\\boxed{}`` counts too)."""
     if len(completions) != len(answer):
         raise ValueError(f"{len(completions)} completions but {len(answer)} answers")
-    return [math_verifier.score(c, a, DAPO_MARKER) for c, a in zip(completions, answer)]
+    return [
+        math_verifier.score(c, a, DAPO_MARKER, prompt=p)
+        for p, c, a in zip(prompts, completions, answer, strict=True)
+    ]
 
 
 def dapo_score(completion: Any, row: Row) -> float:
     """`dapo_reward` on one completion of `row`."""
-    return math_verifier.score(completion, row["answer"], DAPO_MARKER)
+    return math_verifier.score(completion, row["answer"], DAPO_MARKER, prompt=row.get("prompt"))
 
 
 def code_score(completion: Any, row: Row) -> float:

@@ -134,7 +134,7 @@ def task_spec(
 
 def _math_score(completion: Any, row: Row) -> float:
     """The strict math verifier on one completion of `row` (its `answer`)."""
-    return math_verifier.score(completion, row["answer"])
+    return math_verifier.score(completion, row["answer"], prompt=row.get("prompt"))
 
 
 def is_rlvr_jsonl(path: Path) -> bool:

@@ -215,7 +215,9 @@ def task_spec(path: str | Path, held_out_fraction: float = 0.1, seed: int = 0) -
         train_rows=lambda seed: endless_shuffles(train, seed),
         corpus=corpus,
         reward_fn=math_verifier.math_reward,
-        score=lambda completion, row: math_verifier.score(completion, row["answer"]),
+        score=lambda completion, row: math_verifier.score(
+            completion, row["answer"], prompt=row.get("prompt")
+        ),
         max_new_tokens=max(16, longest + 16),
         describe=Path(path).name,
     )

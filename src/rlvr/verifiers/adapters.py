@@ -71,6 +71,8 @@ def _grade(
     verify = VERIFIERS[verifier]
     if verifier == "format" and "think_in_prompt" not in options:
         options = {**options, "think_in_prompt": format_verifier.prompt_opens_think(prompt)}
+    if verifier == "math" and "prompt" not in options:  # an echo of the prompt scores 0
+        options = {**options, "prompt": prompt}
     if verifier in _ACCEPTS_REFERENCE_LISTS and isinstance(reference, (list, tuple)):
         verdicts = [verify(completion, item, **options) for item in reference]
         if not verdicts:
