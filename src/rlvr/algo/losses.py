@@ -422,6 +422,12 @@ def policy_loss(
       for ``"token"``; each row's ``s_i`` counted once per token for the sequence levels).
     - ``"policy/dual_clip_frac"``: fraction of tokens whose loss the dual clip capped; only when
       ``clip_ratio_c`` is given.
+    - ``"policy/ratio_token_std"``: the standard deviation of the token ratios
+      ``exp(logp - old_logp)`` over the masked tokens (divides by their count), whatever
+      ``ratio_level``.
+    - ``"policy/ratio_seq_std"``: the standard deviation over the rows with a masked token of
+      GSPO's sequence ratio ``exp(mean of the row's logp - old_logp)`` (divides by that row
+      count), whatever ``ratio_level``.
 
     Args:
         logp (Tensor): ``[B, T]`` current-policy log-probs of the sampled tokens (with grad).
@@ -575,12 +581,36 @@ def _policy_metrics(
             "policy/clip_frac": masked_mean(is_clipped.float(), mask).item(),
             "policy/approx_kl": masked_mean(kl_k3(old_logp, logp), mask).item(),
             "policy/ratio_mean": masked_mean(ratio, mask).item(),
+            **ratio_spread(logp, old_logp, mask),
         }
         if is_dual_clipped is not None:
             metrics["policy/dual_clip_frac"] = masked_mean(is_dual_clipped.float(), mask).item()
         if kl_ref is not None:
             metrics["policy/kl_ref"] = masked_mean(kl_ref, mask).item()
     return metrics
+
+
+def ratio_spread(logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the ratios spread, token level against sequence level (no grad):
+
+    - ``"policy/ratio_token_std"``: the population std of ``exp(logp - old_logp)`` over the
+      tokens where ``mask`` is nonzero (the squared deviations' masked sum divided by the
+      masked-token count);
+    - ``"policy/ratio_seq_std"``: the population std, over the rows with at least one masked
+      token (divided by their count), of ``exp(masked mean of the row's logp - old_logp)``.
+
+    Padded positions of ``logp`` and ``old_logp`` must already be 0 (as in
+    :func:`policy_loss`). An empty mask gives 0 for both.
+    """
+    with torch.no_grad():
+        log_ratio = (logp - old_logp).detach().float()
+        token = torch.exp(log_ratio)
+        mean = masked_mean(token, mask)
+        token_std = masked_mean((token - mean) ** 2, mask).sqrt()
+        real = mask.sum(dim=1) > 0
+        seq = torch.exp(masked_mean(log_ratio, mask, dim=1))[real]
+        seq_std = (seq - seq.mean()).pow(2).mean().sqrt() if len(seq) else seq.new_zeros(())
+    return {"policy/ratio_token_std": token_std.item(), "policy/ratio_seq_std": seq_std.item()}
 
 
 # ----------------------------------------------------------------------------- value loss

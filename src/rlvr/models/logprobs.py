@@ -12,6 +12,11 @@ Two ways to the log-probs, the same values (to float rounding) and gradients:
   tensor is then chunk_tokens x V, whatever N and T; the price is one more head matmul per
   token in the backward pass. Padding positions (`completion_mask == 0`) are skipped: their
   log-prob is 0.
+
+`with_entropy=True` also returns each position's entropy of the (temperature-scaled) next-token
+distribution, -sum_v p_v log p_v in nats, [N, T] fp32: computed without grad from the logits
+the log-probs are taken from (inside `LinearLogprobs.forward` for the chunked path), so no
+second forward pass runs and the gradients are the same, bit for bit.
 """
 
 from __future__ import annotations
@@ -65,8 +70,10 @@ def completion_logprobs(
     completion_mask: torch.Tensor,  # [N, T]
     temperature: float = 1.0,
     chunk_tokens: int = 0,
-) -> torch.Tensor:
-    """Log-prob of each completion token given everything before it: [N, T].
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of each completion token given everything before it: [N, T]; with
+    `with_entropy`, (log-probs, entropies), both [N, T] (module docstring).
 
     Logits are divided by `temperature` (when > 0) so that the result matches the distribution
     the tokens were sampled from. Positions where `completion_mask` is 0 hold meaningless values
@@ -88,11 +95,11 @@ def completion_logprobs(
         hidden = decoder(**inputs, use_cache=False).last_hidden_state  # no KV cache to fill
         hidden = hidden[:, -num_completion - 1 : -1, :]
         return chunked_token_logprobs(
-            hidden, head, completion_ids, completion_mask, temperature, chunk_tokens
+            hidden, head, completion_ids, completion_mask, temperature, chunk_tokens, with_entropy
         )
     # logits at position t predict token t+1: keep the T positions that predict the completion
     logits = model(**inputs, logits_to_keep=num_completion + 1).logits[:, :-1, :]
-    return token_logprobs(logits, completion_ids, temperature)
+    return token_logprobs(logits, completion_ids, temperature, with_entropy)
 
 
 def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
@@ -122,7 +129,8 @@ def completion_logprobs_shared_prompts(
     group_ids: torch.Tensor,  # [N] rows of one group share one prompt
     temperature: float = 1.0,
     chunk_tokens: int = 0,
-) -> torch.Tensor:
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`completion_logprobs`, with each group's prompt run through the model once.
 
     The G rows of a group repeat one prompt, whose keys and values are the same in every row.
@@ -130,7 +138,7 @@ def completion_logprobs_shared_prompts(
     the group's rows (a differentiable gather, so the backward pass sums the rows' gradients
     into the one prompt) and the completions run on top of it. Same values and gradients as
     `completion_logprobs`, with (G - 1) / G of the prompt tokens' forward and backward saved.
-    `chunk_tokens` as in `completion_logprobs`.
+    `chunk_tokens` and `with_entropy` as in `completion_logprobs`.
 
     A model training under gradient checkpointing drops the KV cache (its recomputed layers
     cannot replay writes to it): such a call takes `completion_logprobs` instead.
@@ -144,6 +152,7 @@ def completion_logprobs_shared_prompts(
             completion_mask,
             temperature,
             chunk_tokens,
+            with_entropy,
         )
     split = decoder_and_head(model) if chunk_tokens > 0 else None
     run = split[0] if split is not None else model
@@ -180,17 +189,40 @@ def completion_logprobs_shared_prompts(
         states = torch.cat([states, _last_states(rest, split)], dim=1)
     if split is not None:
         return chunked_token_logprobs(
-            states, split[1], completion_ids, completion_mask, temperature, chunk_tokens
+            states,
+            split[1],
+            completion_ids,
+            completion_mask,
+            temperature,
+            chunk_tokens,
+            with_entropy,
         )
-    return token_logprobs(states, completion_ids, temperature)
+    return token_logprobs(states, completion_ids, temperature, with_entropy)
 
 
-def token_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log softmax(logits / temperature) at `ids`: [N, T, V], [N, T] -> [N, T] (fp32)."""
+def token_logprobs(
+    logits: torch.Tensor, ids: torch.Tensor, temperature: float, with_entropy: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """log softmax(logits / temperature) at `ids`: [N, T, V], [N, T] -> [N, T] (fp32); with
+    `with_entropy`, also the entropy of each position's softmax(logits / temperature), [N, T]
+    fp32, computed without grad from the same log-softmax."""
     logits = logits.float()
     if temperature > 0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(2, ids[..., None]).squeeze(2)
+    logsm = torch.log_softmax(logits, dim=-1)
+    picked = logsm.gather(2, ids[..., None]).squeeze(2)
+    if not with_entropy:
+        return picked
+    return picked, entropy_of_log_softmax(logsm)
+
+
+@torch.no_grad()
+def entropy_of_log_softmax(logsm: torch.Tensor) -> torch.Tensor:
+    """-sum_v p_v log p_v over the last dimension of log-probs `logsm` ([..., V] ->
+    [...], fp32, nats, no grad). A -inf log-prob (p = 0) adds 0."""
+    logsm = logsm.detach().float()
+    terms = logsm.exp() * logsm
+    return -torch.where(torch.isfinite(logsm), terms, terms.new_zeros(())).sum(dim=-1)
 
 
 def chunked_token_logprobs(
@@ -200,9 +232,12 @@ def chunked_token_logprobs(
     mask: torch.Tensor,  # [N, T]: 0 on padding
     temperature: float,
     chunk_tokens: int,
-) -> torch.Tensor:
+    with_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`token_logprobs(head(hidden), ids, temperature)` at the tokens where `mask` is nonzero,
-    `chunk_tokens` tokens (across rows) at a time: [N, T] fp32, 0 where `mask` is 0.
+    `chunk_tokens` tokens (across rows) at a time: [N, T] fp32, 0 where `mask` is 0; with
+    `with_entropy`, (log-probs, entropies): each chunk's entropy is taken, without grad, from
+    the logits its log-probs come from (0 where `mask` is 0).
 
     A plain `nn.Linear` head (no hooks) runs `LinearLogprobs`: its backward recomputes each
     chunk's logits and turns them into the gradients in place, accumulating the weight's
@@ -212,24 +247,37 @@ def chunked_token_logprobs(
     rows, cols = (mask != 0).nonzero(as_tuple=True)
     states, targets = hidden[rows, cols], ids[rows, cols]  # [M, H], [M]
     out = torch.zeros(ids.shape, dtype=torch.float32, device=hidden.device)
+    # filled in place, without grad, by the chunks' forward passes
+    entropy = torch.zeros(len(targets), dtype=torch.float32, device=hidden.device)
     if len(targets) == 0:
-        return out
+        return (out, out.clone()) if with_entropy else out
+    fill = entropy if with_entropy else None
     if _plain_linear(head):
         values = LinearLogprobs.apply(
-            states, head.weight, head.bias, targets, temperature, chunk_tokens
+            states, head.weight, head.bias, targets, temperature, fill, chunk_tokens
         )
-        return out.index_put((rows, cols), values)
-    track = torch.is_grad_enabled() and (
-        states.requires_grad or any(p.requires_grad for p in head.parameters())
-    )
-    pieces = []
-    for start in range(0, len(targets), chunk_tokens):
-        piece = (head, states[start : start + chunk_tokens], targets[start : start + chunk_tokens])
-        if track:
-            pieces.append(checkpoint(_head_logprobs, *piece, temperature, use_reentrant=False))
-        else:
-            pieces.append(_head_logprobs(*piece, temperature))
-    return out.index_put((rows, cols), torch.cat(pieces))
+    else:
+        track = torch.is_grad_enabled() and (
+            states.requires_grad or any(p.requires_grad for p in head.parameters())
+        )
+        pieces = []
+        for start in range(0, len(targets), chunk_tokens):
+            end = start + chunk_tokens
+            # the buffer is bound, not an input: a checkpoint would save it and then refuse
+            # the recomputation's write into it
+            run = functools.partial(
+                _head_logprobs, entropy=None if fill is None else fill[start:end]
+            )
+            piece = (head, states[start:end], targets[start:end], temperature)
+            if track:
+                pieces.append(checkpoint(run, *piece, use_reentrant=False))
+            else:
+                pieces.append(run(*piece))
+        values = torch.cat(pieces)
+    logp = out.index_put((rows, cols), values)
+    if not with_entropy:
+        return logp
+    return logp, torch.zeros_like(out).index_put((rows, cols), entropy)
 
 
 class LinearLogprobs(torch.autograd.Function):
@@ -240,16 +288,27 @@ class LinearLogprobs(torch.autograd.Function):
     overwrites them with dlogp/dz = g * (onehot(ids) - softmax(z)) / temperature, from which
     the states' gradient (its rows of the output) and the weight's (`addmm_` into one fp32
     buffer) follow: one chunk x V buffer at a time, one more head matmul per token than a
-    whole-logits backward."""
+    whole-logits backward.
+
+    Arguments `(states, weight, bias, ids, temperature, chunk)`, or with an `entropy` before
+    `chunk`: an [M] fp32 tensor (or None) filled in place with each row's entropy of
+    softmax(logits / temperature), from the chunk's logits while they exist; it is not an
+    output of the function, so the backward pass never sees it."""
 
     @staticmethod
-    def forward(ctx, states, weight, bias, ids, temperature, chunk):
+    def forward(ctx, states, weight, bias, ids, temperature, *entropy_and_chunk):
+        # (chunk,) or (entropy, chunk): the chunk size is always the last argument
+        *given, chunk = entropy_and_chunk
+        entropy = given[0] if given else None
         out = torch.empty(len(ids), dtype=torch.float32, device=states.device)
         for start in range(0, len(ids), chunk):
             end = start + chunk
             logits = _linear_logits(states[start:end], weight, bias, temperature)
             picked = logits.gather(1, ids[start:end, None]).squeeze(1)
-            out[start:end] = picked - torch.logsumexp(logits, dim=-1)
+            lse = torch.logsumexp(logits, dim=-1)
+            out[start:end] = picked - lse
+            if entropy is not None:
+                entropy[start:end] = entropy_of_log_softmax(logits.sub_(lse[:, None]))
         ctx.save_for_backward(states, weight, bias, ids)
         ctx.temperature, ctx.chunk = temperature, chunk
         return out
@@ -281,7 +340,7 @@ class LinearLogprobs(torch.autograd.Function):
             grad_weight = grad_weight.to(weight.dtype)
         if grad_bias is not None:
             grad_bias = grad_bias.to(bias.dtype)
-        return grad_states, grad_weight, grad_bias, None, None, None
+        return grad_states, grad_weight, grad_bias, *[None] * (len(ctx.needs_input_grad) - 3)
 
 
 def _linear_logits(
@@ -303,13 +362,22 @@ def _plain_linear(head: torch.nn.Module) -> bool:
 
 
 def _head_logprobs(
-    head: torch.nn.Module, states: torch.Tensor, ids: torch.Tensor, temperature: float
+    head: torch.nn.Module,
+    states: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: float,
+    entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """log softmax(head(states) / temperature) at `ids`: [M, H], [M] -> [M] (fp32)."""
+    """log softmax(head(states) / temperature) at `ids`: [M, H], [M] -> [M] (fp32). `entropy`
+    ([M] fp32, or None) is filled in place, without grad, with each row's entropy (again, with
+    the same values, when a checkpoint recomputes the chunk)."""
     logits = head(states).float()
     if temperature > 0:
         logits = logits / temperature
-    return torch.log_softmax(logits, dim=-1).gather(1, ids[:, None]).squeeze(1)
+    logsm = torch.log_softmax(logits, dim=-1)
+    if entropy is not None:
+        entropy.copy_(entropy_of_log_softmax(logsm))
+    return logsm.gather(1, ids[:, None]).squeeze(1)
 
 
 def _last_states(out, split: tuple | None) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""What the loop records beside the update: the hacking monitor and the step's samples."""
+"""What the loop records beside the update: the hacking monitor (with the step's lengths by
+correctness and zero-variance share, `step_metrics`) and the step's samples."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tqdm.auto import tqdm
 from rlvr.config import UserError
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.tasks.rewards import RewardFn, reward_columns, total_rewards
+from rlvr.train.step_metrics import step_metrics
 
 
 class ZeroRewardError(UserError):
@@ -108,7 +110,9 @@ def monitor_hacking(
 @dataclass(frozen=True)
 class HackingMonitor:
     """`monitor_hacking` every `every` steps (never when `every` is 0 or there is no strict
-    verifier), with a warning on stderr when a step is flagged."""
+    verifier), with a warning on stderr when a step is flagged; every step, the step's
+    `step_metrics` (lengths of right and wrong completions, the zero-variance token share),
+    since this is what the loop calls with each step's batch and rewards."""
 
     strict_reward_fn: RewardFn | None
     train_reward_fn: RewardFn | None
@@ -117,13 +121,14 @@ class HackingMonitor:
     gap: float
 
     def __call__(self, step: int, batch: RolloutBatch, rewards: torch.Tensor) -> dict[str, float]:
+        measured = step_metrics(batch, rewards)
         if (
             self.strict_reward_fn is None
             or self.every <= 0
             or step % self.every
             or not len(rewards)
         ):
-            return {}
+            return measured
         record = monitor_hacking(
             self.strict_reward_fn, batch, rewards, self.samples, self.gap, self.train_reward_fn
         )
@@ -134,7 +139,7 @@ class HackingMonitor:
                 "completions: the reward is being gamed (see docs/metrics.md, monitor/)",
                 file=sys.stderr,
             )
-        return record
+        return measured | record
 
 
 def sample_records(

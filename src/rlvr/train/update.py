@@ -449,15 +449,22 @@ def _part_loss(
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
     """(loss, metrics, loss mask) of micro-batch `part`; `per_token` is (advantages, loss mask,
     reference log-probs), cut to the micro-batch's rows and columns with the sampling
-    log-probs (`_micro_batch`). The loss divides by `divisors` (empty: its own counts)."""
+    log-probs (`_micro_batch`). The loss divides by `divisors` (empty: its own counts).
+
+    The metrics add `policy/entropy`: the policy's token entropy (nats, of the distribution
+    the loss scores, at `temperature`) from the loss's own forward pass, averaged over the
+    micro-batch's loss-mask tokens (divided by their count); `_record` then weights it by
+    those tokens, so a step's value is the mean over the loss-mask tokens of the rows that
+    carry a gradient (rows the plan skips have no forward pass)."""
     cols, (old, adv, mask, ref) = _micro_batch(batch, part, trim, batch.logprobs, *per_token)
     if shared_prompts:  # each group's prompt runs once; same values and gradients
-        logp = completion_logprobs_shared_prompts(
-            policy, *cols, batch.group_ids[part], temperature, logprob_chunk_tokens
+        logp, entropy = completion_logprobs_shared_prompts(
+            policy, *cols, batch.group_ids[part], temperature, logprob_chunk_tokens, True
         )
     else:
-        logp = completion_logprobs(policy, *cols, temperature, logprob_chunk_tokens)
+        logp, entropy = completion_logprobs(policy, *cols, temperature, logprob_chunk_tokens, True)
     loss, metrics = loss_fn(logp, old, adv, mask, ref_logp=ref, **divisors)
+    metrics["policy/entropy"] = algo.masked_mean(entropy, mask).item()
     return loss, metrics, mask
 
 
