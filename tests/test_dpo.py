@@ -225,3 +225,10 @@ def test_error_shares_count_only_the_errors():
     out = error_shares(["<think></think>825", "<think></think>815", "x"], rows, [1.0, 0.0, 0.0])
     assert out["errors"] == 2
     assert out["kinds"] == {"dropped_carry": 0.5, "wrong_digit": 0.0, "format": 0.5, "other": 0.0}
+
+
+def test_rlvr_dpo_refuses_a_bad_flag_in_one_line(capsys):
+    from tests.test_cli import cli_error
+
+    message = cli_error(["dpo", "--loss-type", "nope", "--model", "/nonexistent"], capsys)
+    assert message.startswith("--loss-type must be one of")

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field  # noqa: E402
 import tyro  # noqa: E402
 
 from rlvr.config import ConfigError, UserError  # noqa: E402
+from rlvr.pipelines.dpo import DPOConfig, run_dpo  # noqa: E402
 from rlvr.pipelines.lab import LabConfig, run_lab  # noqa: E402
 from rlvr.pipelines.sample import SampleConfig, run_sample  # noqa: E402
 from rlvr.pipelines.sft import SFTConfig, run_sft  # noqa: E402
@@ -385,6 +386,11 @@ def check_loss(config: CheckLossConfig) -> None:
         raise SystemExit(1)
 
 
+def dpo(config: DPOConfig) -> None:
+    """`rlvr dpo`: DPO/IPO on pairs of the model's verified samples; write the run directory."""
+    run_dpo(config)
+
+
 def verify(config: VerifyConfig) -> None:
     """`rlvr verify`: grade one completion or a JSONL file and print why."""
     from rlvr.verifiers.files import grade_file, grade_one
@@ -420,6 +426,7 @@ COMMANDS = {
     "compare": (compare, CompareConfig, "Run several recipes side by side: one figure, one table."),
     "eval": (evaluate, EvalConfig, "Held-out accuracy of a local model."),
     "verify": (verify, VerifyConfig, "Grade one completion with the strict math verifier."),
+    "dpo": (dpo, DPOConfig, "DPO (or IPO) on (correct, wrong) pairs of the model's own samples."),
     "check-loss": (
         check_loss,
         CheckLossConfig,
