@@ -8,7 +8,8 @@ file; unknown keys are refused, naming the valid ones):
 - `sft`      supervised fine-tuning (`rlvr sft`'s trainer) on a mix of data sources: the task's
              readable solutions, no-think examples, or an earlier `sample` stage's output;
 - `grpo`     GRPO on the task's strict verifier, optionally plus the format/consistency reward,
-             on prompts in one or more thinking modes;
+             on prompts in one or more thinking modes; with `teacher: STAGE`, on-policy
+             distillation from that earlier stage's model (the reverse KL per token);
 - `sample`   rejection sampling (`rlvr sample`): verified completions, optionally only readable
              ones, written as SFT data;
 - `thinking_budget`  accuracy and tokens against a thinking budget, with its figure.
@@ -236,12 +237,27 @@ class GRPOStage:
     rollout: RolloutPlacement = field(default_factory=RolloutPlacement)
     """Where the stage's rollouts are sampled (YAML `rollout: {ray: true, rollout_workers:
     2}` or `{engine: vllm}`), as `rlvr train`'s `--ray`, `--rollout-workers`, `--engine`."""
+    teacher: str | None = None
+    """On-policy distillation: the earlier stage whose model is the teacher (its per-token
+    reverse KL on this stage's own samples is the advantage, `grpo.distill_kl_coef` and
+    `grpo.distill_reward_coef` weigh it and the verifier's); the stage sets `grpo.teacher`."""
 
 
-def grpo_stage_config(s: GRPOStage, task: TaskSpec, max_seconds: float = 0.0) -> GRPOConfig:
-    """The stage's GRPOConfig as it trains: the task's budget where `max_new_tokens` is None and,
-    with a time limit, the step cap. Checked by `check_grpo_config` (a ConfigError)."""
+def grpo_stage_config(
+    s: GRPOStage, task: TaskSpec, max_seconds: float = 0.0, teacher_dir: str | None = None
+) -> GRPOConfig:
+    """The stage's GRPOConfig as it trains: the task's budget where `max_new_tokens` is None,
+    with a time limit the step cap, and with a `teacher` stage its model directory
+    `teacher_dir` (None, before the pipeline runs: a stand-in naming the stage). Checked by
+    `check_grpo_config` (a ConfigError)."""
     config = s.grpo
+    if s.teacher is not None:
+        if config.teacher is not None:
+            raise ConfigError(
+                "teacher: the stage's teacher is set by `teacher: STAGE`; leave grpo.teacher unset"
+            )
+        stand_in = f"<the model of stage {s.teacher}>"
+        config = dataclasses.replace(config, teacher=teacher_dir or stand_in)
     if config.max_new_tokens is None:
         config = dataclasses.replace(config, max_new_tokens=task.max_new_tokens)
     if max_seconds:
@@ -266,7 +282,13 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
         if s.same_time_as not in ctx.seconds:
             raise ConfigError(f"same_time_as: stage {s.same_time_as!r} has not run")
         max_seconds = ctx.seconds[s.same_time_as]
-    config = grpo_stage_config(s, ctx.task, max_seconds)
+    teacher_dir = None
+    if s.teacher is not None:
+        try:
+            teacher_dir = ctx.model_of(s.teacher)
+        except ConfigError as exc:
+            raise ConfigError(f"teacher: {exc}") from None
+    config = grpo_stage_config(s, ctx.task, max_seconds, teacher_dir)
     model_dir = Path(ctx.model_of(s.model))
     model, tokenizer = load_model(model_dir, device=ctx.precision.device)
     model = with_lora(model, s.lora, ctx.seed + s.seed)

@@ -195,18 +195,26 @@ class GRPOConfig:
     """Most seconds to wait on rollouts from another thread or process (async sampling, Ray
     rollout workers) before the run ends with an error naming the worker and the last
     checkpoint; while waiting a heartbeat line is printed every minute. Never a silent hang."""
+    teacher: str | None = None
+    """On-policy distillation: a local model directory whose per-token log-probs of the
+    student's own samples give each token the advantage log q - log pi (the sampled reverse
+    KL, negated; `rlvr.algo.distill`). Its tokenizer must equal the student's (refused
+    otherwise); it is loaded once, frozen, on the run's device. None: no teacher."""
+    distill_kl_coef: float = 1.0
+    """With a teacher: the weight of the per-token reverse-KL advantage."""
+    distill_reward_coef: float = 0.0
+    """With a teacher: the weight of the verifier's advantages (the advantage estimator's, one
+    per completion) added to every token's; 0 is pure distillation (no reward needed)."""
 
 
 WORKER_MICRO_BATCH_TOKENS = 2048
 """Micro-batch budget when several CPU workers share the update: small enough that a worker's
 activations stay in its core's cache (`benchmarks/bench_workers.py` measures 1024-4096)."""
 
-Advantages = Callable[
-    [torch.Tensor, RolloutBatch, torch.Tensor, "torch.Tensor | None", "torch.Tensor | None"],
-    "tuple[torch.Tensor, torch.Tensor | None]",
-]
+Advantages = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
 """(shaped rewards [N], batch, loss mask [N, T], reference log-probs [N, T] | None, critic
-values [N, T] | None) -> (advantages [N] or [N, T], returns [N, T] | None)."""
+values [N, T] | None, teacher log-probs [N, T] | None = None) -> (advantages [N] or [N, T],
+returns [N, T] | None). The teacher's log-probs are needed only by on-policy distillation."""
 
 Correction = Callable[
     [RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor],
@@ -266,6 +274,7 @@ class StepPlan:
     # metrics; None: no correction, no pi_old forward pass (the sampling log-probs are pi_old)
     correct: Correction | None = None
     async_steps: int = 0  # rollouts sampled ahead of the update, from weights this many old
+    teacher: bool = False  # a frozen teacher scores the samples (on-policy distillation)
 
 
 def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None) -> StepPlan:
@@ -291,6 +300,13 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
             kl_reward=kl_reward,
             estimator=algo.ADVANTAGE_ESTIMATORS[config.advantage_estimator],
             scale_rewards=config.scale_rewards,
+        )
+    if config.teacher is not None:  # the teacher's reverse KL, plus the verifier's if mixed
+        advantages = functools.partial(
+            _distill_advantages,
+            reward_advantages=advantages,
+            kl_coef=config.distill_kl_coef,
+            reward_coef=config.distill_reward_coef,
         )
     shape_rewards = _no_shaping
     if config.overlong_buffer > 0:
@@ -346,6 +362,7 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         ref_sync_alpha=config.ref_sync_alpha,
         correct=_correction(config),
         async_steps=config.async_steps,
+        teacher=config.teacher is not None,
     )
 
 
@@ -382,6 +399,7 @@ def generation_threads(config: GRPOConfig, update_threads: int) -> int:
 def _check(config: GRPOConfig) -> None:
     """Raise one `ValueError` listing every impossible setting of `config`."""
     problems = _switch_problems(config) + _surrogate_problems(config) + _range_problems(config)
+    problems += _distill_problems(config)
     if problems:
         raise ValueError("invalid config: " + "; ".join(problems))
 
@@ -431,7 +449,9 @@ def _surrogate_problems(config: GRPOConfig) -> list[str]:
 def _range_problems(config: GRPOConfig) -> list[str]:
     """Numbers outside the range where the step means anything."""
     problems = []
-    if config.group_size < 2 and config.advantage_estimator in algo.GROUP_BASELINE_ESTIMATORS:
+    rewards_used = config.teacher is None or config.distill_reward_coef > 0
+    group_baseline = config.advantage_estimator in algo.GROUP_BASELINE_ESTIMATORS
+    if config.group_size < 2 and group_baseline and rewards_used:
         problems.append(
             f"group_size must be >= 2 for {config.advantage_estimator}: a group of one has no "
             "baseline (every advantage would be 0)"
@@ -461,6 +481,30 @@ def _range_problems(config: GRPOConfig) -> list[str]:
     cap, low = config.rollout_correction_cap, config.rollout_correction_low
     if (cap is not None and cap <= 0) or not 0 <= low < (cap or 5.0):
         problems.append("rollout_correction_cap must be > 0 and rollout_correction_low in [0, cap)")
+    return problems
+
+
+def _distill_problems(config: GRPOConfig) -> list[str]:
+    """On-policy distillation's settings: coefficients, a teacher with a critic, or a
+    coefficient set without a teacher (it would be ignored)."""
+    problems = []
+    if config.distill_kl_coef < 0 or config.distill_reward_coef < 0:
+        problems.append("distill_kl_coef and distill_reward_coef must be >= 0")
+    defaults = GRPOConfig()
+    if config.teacher is None:
+        for name in ("distill_kl_coef", "distill_reward_coef"):
+            if getattr(config, name) != getattr(defaults, name):
+                problems.append(f"{name} has no effect without a teacher: set teacher too")
+        return problems
+    if not config.teacher.strip():
+        problems.append("teacher must be a model directory (or unset)")
+    if config.advantage_estimator == "gae":
+        problems.append(
+            "teacher gives per-token advantages of its own: advantage_estimator=gae (a "
+            "critic) cannot be mixed in; choose a group estimator"
+        )
+    if config.distill_kl_coef == 0 and config.distill_reward_coef == 0:
+        problems.append("with a teacher, distill_kl_coef and distill_reward_coef cannot both be 0")
     return problems
 
 
@@ -509,6 +553,7 @@ def _group_advantages(
     loss_mask: torch.Tensor,
     ref_logp: torch.Tensor | None,
     values: torch.Tensor | None,
+    teacher_logp: torch.Tensor | None = None,
     *,
     kl_reward: Callable,
     estimator: Callable,
@@ -525,6 +570,7 @@ def _gae_advantages(
     loss_mask: torch.Tensor,
     ref_logp: torch.Tensor | None,
     values: torch.Tensor | None,
+    teacher_logp: torch.Tensor | None = None,
     *,
     kl_reward: Callable,
     gamma: float,
@@ -537,6 +583,30 @@ def _gae_advantages(
     per_token = kl_reward(per_token, batch, ref_logp)
     advantages, returns = algo.gae_advantages(per_token, values, batch.completion_mask, gamma, lam)
     return algo.masked_whiten(advantages, loss_mask), returns
+
+
+def _distill_advantages(
+    shaped: torch.Tensor,
+    batch: RolloutBatch,
+    loss_mask: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    values: torch.Tensor | None,
+    teacher_logp: torch.Tensor | None = None,
+    *,
+    reward_advantages: Callable,
+    kl_coef: float,
+    reward_coef: float,
+) -> tuple[torch.Tensor, None]:
+    """On-policy distillation: per token, kl_coef x (teacher - student log-prob) on the loss
+    mask's tokens, plus reward_coef x the verifier's group advantage of the completion
+    (computed only when reward_coef > 0). The student's log-probs are the batch's: those it
+    sampled with."""
+    assert teacher_logp is not None, "on-policy distillation needs the teacher's log-probs"
+    kl_adv = algo.reverse_kl_advantages(batch.logprobs, teacher_logp, loss_mask)
+    reward_adv = torch.zeros(len(shaped))
+    if reward_coef > 0:
+        reward_adv, _ = reward_advantages(shaped, batch, loss_mask, ref_logp, values)
+    return algo.mixed_advantages(kl_adv, reward_adv, loss_mask, kl_coef, reward_coef), None
 
 
 def _rollout_correction(

@@ -49,6 +49,7 @@ from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.monitor import HackingMonitor, ZeroRewardWatch, sample_records
 from rlvr.train.rollouts import AsyncRollout, BroadcastRollout, Rollout
 from rlvr.train.state import TrainState, build_state
+from rlvr.train.teacher import Teacher, distill_metrics, load_teacher
 from rlvr.workers import WorkerError, default_workers, torch_threads
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
@@ -69,8 +70,10 @@ def grpo_step(
     learner: Learner,
     generator: torch.Generator,
     timer: StepTimer,
+    teacher: Teacher | None = None,
 ) -> StepResult:
-    """One step: B prompts x G completions sampled, verified, and learnt from."""
+    """One step: B prompts x G completions sampled, verified, and learnt from; with a
+    `teacher` (on-policy distillation), also scored by it token by token."""
     # 1. sample and verify: B prompts x G completions, one reward each (DAPO refills groups)
     batch, rewards, metrics = rollout.collect(generator, timer)  # RolloutBatch[N], [N]
     if len(rewards) == 0:  # dynamic sampling found no informative group: nothing to learn
@@ -85,11 +88,15 @@ def grpo_step(
     # 3. reference log-probs: no reference exists, and no forward pass runs, when beta == 0
     with timer("ref_logprobs"):
         ref_logp = learner.reference_logprobs(batch)  # [N, T] | None
+    teacher_logp = teacher.logprobs(batch, timer) if plan.teacher else None  # [N, T] | None
 
-    # 4. advantages: the group family, or GAE against the critic's values (PPO)
+    # 4. advantages: the group family, GAE against the critic's values (PPO), or the
+    #    teacher's per-token reverse KL (on-policy distillation, the verifier's mixed in)
     with timer("advantage"):
         values = learner.values(batch)  # [N, T] | None
-        advantages, returns = plan.advantages(shaped, batch, loss_mask, ref_logp, values)
+        advantages, returns = plan.advantages(
+            shaped, batch, loss_mask, ref_logp, values, teacher_logp
+        )
     # 5. rollout correction (off unless chosen): the learner's pi_old against the engine's
     #    behaviour log-probs; importance weights into the advantages, dropped tokens out of
     #    the loss mask, pi_old the ratio's denominator
@@ -118,6 +125,7 @@ def grpo_step(
     # 7. metrics: where the seconds went (the step ends here), the rollouts', the update's
     times = timer.metrics()
     metrics |= update_metrics | rollout_metrics(batch, rewards, shaped) | throughput(batch, times)
+    metrics |= distill_metrics(batch, teacher_logp, loss_mask)  # nothing without a teacher
     return StepResult(batch, rewards, metrics)
 
 
@@ -155,6 +163,7 @@ class Trainer:
     state: TrainState
     rollout: Rollout | AsyncRollout | BroadcastRollout
     learner: Learner
+    teacher: Teacher | None = None  # on-policy distillation's frozen scorer
 
 
 def build_trainer(
@@ -181,7 +190,10 @@ def build_trainer(
     `model` (each rank one share of the update's rows, `train/distributed.py`) and `model`
     itself stays whole: the in-process engine samples with it and every sync gathers the
     learner's weights into it, so `model` holds the trained weights, as in one process. Rank 0
-    samples and verifies; every rank gets its batch (`BroadcastRollout`)."""
+    samples and verifies; every rank gets its batch (`BroadcastRollout`).
+
+    With `teacher` set, the teacher is loaded once (`load_teacher`: frozen, on `model`'s device
+    and dtype; a `TeacherError` when its tokenizer is not `tokenizer`)."""
     sharded = dist_ctx is not None and dist_ctx.sharded
     if sharded and config.async_steps > 0:
         raise ConfigError(
@@ -193,6 +205,18 @@ def build_trainer(
         dist_ctx.world_size if sharded else default_workers(model, config.cpu_workers, threads)
     )
     plan = build_plan(config, workers, threads)
+    teacher = None
+    if config.teacher is not None:
+        weights_at = next(model.parameters())
+        chunk = 0 if sharded else plan.logprob_chunk_tokens
+        teacher = load_teacher(
+            config.teacher,
+            tokenizer,
+            weights_at.device,
+            weights_at.dtype,
+            config.temperature,
+            chunk,
+        )
     if plan.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     policy = rollout_copy(model) if sharded else model  # whole `model` stays the sampler's
@@ -217,7 +241,7 @@ def build_trainer(
         rollout = AsyncRollout(rollout, plan.async_steps, config.worker_timeout_s)
     if sharded:
         rollout = BroadcastRollout(rollout, dist_ctx)
-    return Trainer(plan, state, rollout, Learner(state, plan))
+    return Trainer(plan, state, rollout, Learner(state, plan), teacher)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -297,7 +321,9 @@ def train_grpo(
     )
     with stop.installed(), _update_threads(t.plan), _closing(t, checkpoints, run):
         for step in bar:
-            result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
+            result = grpo_step(
+                t.plan, t.rollout, t.learner, t.state.generator, StepTimer(), t.teacher
+            )
             t.state.step = step  # the data position is taken when checkpointing
             nonfinite_in_a_row = (
                 nonfinite_in_a_row + 1 if "update/nonfinite" in result.metrics else 0

@@ -106,6 +106,18 @@ RECIPES: dict[str, dict[str, Any]] = {
         "gamma": 1.0,
         "lam": 0.95,
     },
+    # On-policy distillation (Thinking Machines 2025, tinker-cookbook): per-token reverse-KL
+    # advantages from a teacher (--grpo.teacher DIR) on the student's own samples, no group
+    # baseline needed (one completion per prompt), no KL to a reference. The verifier's reward
+    # enters only with distill_reward_coef > 0, through REINFORCE++'s batch baseline (valid
+    # for groups of one); without a teacher this is that REINFORCE++ alone
+    "opd": {
+        "group_size": 1,
+        "prompts_per_step": 64,
+        "advantage_estimator": "reinforce++",
+        "aggregation": "token-mean",
+        "beta": 0.0,
+    },
 }
 
 
