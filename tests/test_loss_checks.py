@@ -237,3 +237,17 @@ def test_the_check_loss_command_prints_the_table_and_exits_1_on_a_failure(capsys
     with pytest.raises(SystemExit) as exit_info:
         main(["check-loss"])
     assert exit_info.value.code == 1 and "FAIL" in capsys.readouterr().out
+
+
+def test_a_config_with_a_teacher_is_checked_without_it_and_says_so(tmp_path):
+    from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
+    from rlvr.train.loss_checks import check_loss
+    from rlvr.train.recipes import recipe_config
+
+    tokenizer = build_char_tokenizer()
+    shape = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
+    teacher = save_model(build_tiny_model(shape, tokenizer, seed=0), tokenizer, tmp_path / "t")
+    config = dataclasses.replace(recipe_config("opd"), teacher=str(teacher))
+    results = check_loss(config)
+    assert results[0].name == "distillation advantages" and results[0].status == "n/a"
+    assert not any(r.failed for r in results)

@@ -11,6 +11,7 @@ STEP_PARTS = (  # time/<part>_s of every training step; time/other_s is the rest
     "generate",
     "verify",
     "ref_logprobs",
+    "teacher_logprobs",
     "old_logprobs",
     "advantage",
     "forward",

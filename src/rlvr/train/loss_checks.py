@@ -373,6 +373,16 @@ def _one_process_group() -> Iterator[str | None]:
 # ----------------------------------------------------------------------------- the checks
 
 
+def _teacher_not_checked(teacher: str) -> CheckResult:
+    """The n/a line of a config with a teacher: its checks ran on the loss without it."""
+    detail = (
+        f"teacher={teacher}: the per-token reverse-KL advantages are not checked here "
+        "(tests/test_algo_distill.py checks them); every check below ran with the verifier's "
+        "advantages in their place"
+    )
+    return CheckResult("distillation advantages", False, detail, applicable=False)
+
+
 def check_loss(config: GRPOConfig, seed: int = 0) -> list[CheckResult]:
     """The loss identities of `config` (module docstring), in the order: split: micro-batches,
     split: ranks, Dr. GRPO denominator, RLOO = n/(n-1) x centred, zero-variance groups,
@@ -383,6 +393,11 @@ def check_loss(config: GRPOConfig, seed: int = 0) -> list[CheckResult]:
     impossible config is a `ConfigError` naming every impossible setting."""
     if config.max_new_tokens is None:
         config = dataclasses.replace(config, max_new_tokens=CHECK_MAX_NEW_TOKENS)
+    teacher = config.teacher
+    if teacher is not None:  # the loss is checked as it is; the teacher's advantages are not
+        config = dataclasses.replace(
+            config, teacher=None, distill_kl_coef=1.0, distill_reward_coef=0.0
+        )
     try:
         plan = build_plan(config)
     except ValueError as exc:
@@ -395,7 +410,8 @@ def check_loss(config: GRPOConfig, seed: int = 0) -> list[CheckResult]:
         probe = _probe(policy, plan, config.group_size, config.max_new_tokens, seed)
         inputs = _prepare(plan, probe)
         reference = _step_gradient(policy, plan, inputs, micro_batch_tokens=0)
-        return [
+        skipped = [_teacher_not_checked(teacher)] if teacher is not None else []
+        return skipped + [
             _check_split(policy, config, plan, inputs, reference),
             _check_split(policy, config, plan, inputs, reference, ranks=2),
             _check_dr_grpo(config, plan, probe, seed),
