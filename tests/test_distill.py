@@ -193,3 +193,12 @@ def test_the_distill_pipeline_compares_sft_opd_and_rl_at_the_same_time():
     assert opd.teacher == "teacher-rl" and opd.model == rl.model == "student-base"
     assert opd.same_time_as == rl.same_time_as == "student-sft"
     assert list(itertools.islice(by_name, 0, None))[-2:] == ["student-opd", "student-rl"]
+
+
+def test_a_missing_teacher_is_refused_before_any_model_loads(tmp_path, capsys):
+    from tests.test_cli import cli_error
+
+    argv = ["train", "opd", "--grpo.teacher", str(tmp_path / "nope"), "--runs-dir", str(tmp_path)]
+    message = cli_error(argv, capsys)
+    assert "--grpo.teacher" in message and "no config.json" in message
+    assert not (tmp_path / "lab").exists()  # refused before the run directory was made

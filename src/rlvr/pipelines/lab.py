@@ -207,6 +207,12 @@ def _resolve(config: LabConfig) -> tuple[LabConfig, TaskSpec]:
 def _check(config: LabConfig, task: TaskSpec) -> None:
     """Refuse impossible settings before any model loads, as `ConfigError`s."""
     parse_report_to(config.report_to)
+    teacher = config.grpo.teacher
+    if teacher is not None and not (Path(teacher) / "config.json").is_file():
+        raise ConfigError(
+            f"--grpo.teacher {teacher}: not a local model directory (no config.json); pass the "
+            "model/ directory of a finished run or a prepared checkpoint"
+        )
     try:
         check_grpo_config(config.grpo)
         training_reward(config.verifier, task)
