@@ -198,3 +198,19 @@ def test_the_compare_table_quotes_accuracies_with_intervals():
     }
     table = format_table({"grpo": row})
     assert format_interval(0.9, 200) in table and format_interval(0.75, 200) in table
+
+
+def test_a_stage_naming_a_stage_that_is_not_earlier_is_refused_before_anything_runs(tmp_path):
+    spec = {
+        **SPEC,
+        "stages": [
+            {"name": "base", "kind": "base", "steps": 2},
+            {"name": "rl", "kind": "grpo", "teacher": "later", "grpo": {"steps": 1}},
+            {"name": "later", "kind": "base", "steps": 2},
+        ],
+    }
+    with pytest.raises(
+        ConfigError, match=r"stages\[1\] \(rl\)\.teacher: 'later' is not an earlier"
+    ):
+        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "01-base").exists()  # nothing ran

@@ -259,10 +259,23 @@ def _run_stages(
     return report
 
 
+STAGE_REFERENCES = ("model", "same_time_as", "teacher")
+"""Stage settings that name an earlier stage."""
+
+
 def check_stages(pipeline: Pipeline, task: TaskSpec) -> None:
-    """Check every GRPO stage's switches (`check_grpo_config`, through `grpo_stage_config`)
-    before the first stage runs; a ConfigError names the stage."""
+    """Before the first stage runs: every stage named by a `model`, `same_time_as` or
+    `teacher` setting is an earlier stage, and every GRPO stage's switches hold
+    (`check_grpo_config`, through `grpo_stage_config`); a ConfigError names the stage."""
     for index, stage in enumerate(pipeline.stages):
+        earlier = [s.name for s in pipeline.stages[:index]]
+        for key in STAGE_REFERENCES:
+            named = getattr(stage.settings, key, None)
+            if named is not None and named not in earlier:
+                raise ConfigError(
+                    f"stages[{index}] ({stage.name}).{key}: {named!r} is not an earlier stage; "
+                    f"earlier stages: {', '.join(earlier) or 'none'}"
+                )
         if isinstance(stage.settings, stages.GRPOStage):
             try:
                 stages.grpo_stage_config(stage.settings, task)
