@@ -129,7 +129,7 @@ def plot(runs: dict[str, list[dict[str, float]]], out: Path) -> Path:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    d.set_yscale("symlog", linthresh=1e-4)
+    d.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     return save_figure(fig, out)
 
 
