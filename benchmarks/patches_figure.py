@@ -14,8 +14,9 @@ docs/images/patches.png) and prints a table: each metric's mean over the first a
 - (c) zero-variance groups: `frac_zero_std_groups` of the batch trained on; for a run with
   dynamic sampling (its batch holds only kept groups), the share of the sampled groups it
   dropped, 1 - sampling/kept_groups / (sampling/tries x prompts per step);
-- (d) GSPO: `policy/ratio_token_std`, `policy/ratio_seq_std` and `policy/clip_frac` of grpo
-  and gspo.
+- (d) GSPO: the RMS deviation from 1 of the token and sequence ratios (the square roots of
+  `policy/ratio_token_sq_dev`, `policy/ratio_seq_sq_dev`) and `policy/clip_frac` of grpo and
+  gspo.
 
 The table adds `zero_std/seconds`: the step's generate + verify seconds times the
 zero-variance groups' token share (`zero_std/token_frac`).
@@ -36,8 +37,8 @@ TABLE = (
     "frac_zero_std_groups",
     "zero_std/dropped_frac",
     "zero_std/seconds",
-    "policy/ratio_token_std",
-    "policy/ratio_seq_std",
+    "policy/ratio_token_sq_dev",
+    "policy/ratio_seq_sq_dev",
     "policy/clip_frac",
     "reward/mean",
 )
@@ -115,14 +116,16 @@ def plot(runs: dict[str, list[dict[str, float]]], out: Path) -> Path:
                 label=f"{name} (dropped by dynamic sampling)",
             )
         if name in ("grpo", "gspo"):
-            d.plot(*series(steps, "policy/ratio_token_std"), color=color, label=f"{name} token")
-            d.plot(*series(steps, "policy/ratio_seq_std"), color=color, ls="--", label="sequence")
+            token_steps, token_dev = series(steps, "policy/ratio_token_sq_dev")
+            seq_steps, seq_dev = series(steps, "policy/ratio_seq_sq_dev")
+            d.plot(token_steps, [v**0.5 for v in token_dev], color=color, label=f"{name} token")
+            d.plot(seq_steps, [v**0.5 for v in seq_dev], color=color, ls="--", label="sequence")
             d.plot(*series(steps, "policy/clip_frac"), color=color, ls=":", label="clip frac")
     titles = (
         (a, "(a) completion tokens: right (solid), wrong (dashed)"),
         (b, "(b) policy token entropy (nats)"),
         (c, "(c) zero-variance groups (share)"),
-        (d, "(d) ratio std: token (solid), sequence (dashed); clip frac (dotted)"),
+        (d, "(d) ratio RMS deviation from 1: token (solid), sequence (dashed); clip frac (dotted)"),
     )
     for ax, title in titles:
         ax.set_title(title, fontsize=10)

@@ -78,26 +78,37 @@ def test_ratio_spread_by_hand_on_a_padded_batch():
     logp = torch.tensor([[math.log(2.0), -1.0], [math.log(0.5), 0.0]])
     old = torch.tensor([[0.0, -1.0], [0.0, 0.0]])
     out = ratio_spread(logp, old, mask)
-    tokens = torch.tensor([2.0, 1.0, 0.5])  # mean 7/6
-    token_std = math.sqrt(((tokens - 7 / 6) ** 2).mean().item())
-    seqs = [math.sqrt(2.0), 0.5]  # exp(mean(ln 2, 0)), exp(ln 0.5)
-    seq_std = abs(seqs[0] - seqs[1]) / 2
-    assert out["policy/ratio_token_std"] == pytest.approx(token_std, abs=1e-6)
-    assert out["policy/ratio_seq_std"] == pytest.approx(seq_std, abs=1e-6)
+    # token ratios 2, 1, 0.5: ((2-1)^2 + 0 + (0.5-1)^2) / 3 tokens
+    assert out["policy/ratio_token_sq_dev"] == pytest.approx(1.25 / 3, abs=1e-6)
+    # sequence ratios sqrt(2) (row 0, 2 tokens) and 0.5 (row 1, 1 token), over 3 tokens
+    seq_dev = (2 * (math.sqrt(2.0) - 1) ** 2 + 0.25) / 3
+    assert out["policy/ratio_seq_sq_dev"] == pytest.approx(seq_dev, abs=1e-6)
+
+
+def test_ratio_spread_is_the_same_however_the_batch_is_split():
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
+    logp = torch.tensor([[0.3, -0.2, 0.1], [0.5, 0.0, 0.0], [-0.4, 0.2, 0.0]])
+    whole = ratio_spread(logp, torch.zeros(3, 3), mask)
+    parts = [ratio_spread(logp[i : i + 1], torch.zeros(1, 3), mask[i : i + 1]) for i in range(3)]
+    tokens = mask.sum(dim=1)
+    for key in whole:  # the token-weighted mean of the parts, as micro-batches combine
+        combined = sum(p[key] * n for p, n in zip(parts, tokens.tolist())) / tokens.sum()
+        assert whole[key] == pytest.approx(combined.item(), rel=1e-6)
 
 
 def test_ratio_spread_ignores_rows_without_tokens_and_is_in_the_loss_metrics():
     mask = torch.tensor([[1.0, 1.0], [0.0, 0.0]])
     logp = torch.tensor([[math.log(3.0), math.log(3.0)], [0.0, 0.0]])
     out = ratio_spread(logp, torch.zeros(2, 2), mask)
-    assert out == {"policy/ratio_token_std": 0.0, "policy/ratio_seq_std": 0.0}
+    assert out["policy/ratio_token_sq_dev"] == pytest.approx(4.0)  # (3 - 1)^2, row 1 empty
+    assert out["policy/ratio_seq_sq_dev"] == pytest.approx(4.0)
     garbage = torch.tensor([[math.log(3.0), math.log(3.0)], [5.0, -7.0]])  # padded row
     _, metrics = algo.policy_loss(
         garbage, torch.zeros(2, 2), torch.tensor([1.0, -1.0]), mask, ratio_level="sequence"
     )
-    assert metrics["policy/ratio_token_std"] == pytest.approx(0.0, abs=1e-6)
-    assert metrics["policy/ratio_seq_std"] == pytest.approx(0.0, abs=1e-6)
+    assert metrics["policy/ratio_token_sq_dev"] == pytest.approx(4.0)  # padding ignored
+    assert metrics["policy/ratio_seq_sq_dev"] == pytest.approx(4.0)
     assert ratio_spread(logp, logp, torch.zeros(2, 2)) == {
-        "policy/ratio_token_std": 0.0,
-        "policy/ratio_seq_std": 0.0,
+        "policy/ratio_token_sq_dev": 0.0,
+        "policy/ratio_seq_sq_dev": 0.0,
     }

@@ -422,12 +422,10 @@ def policy_loss(
       for ``"token"``; each row's ``s_i`` counted once per token for the sequence levels).
     - ``"policy/dual_clip_frac"``: fraction of tokens whose loss the dual clip capped; only when
       ``clip_ratio_c`` is given.
-    - ``"policy/ratio_token_std"``: the standard deviation of the token ratios
-      ``exp(logp - old_logp)`` over the masked tokens (divides by their count), whatever
-      ``ratio_level``.
-    - ``"policy/ratio_seq_std"``: the standard deviation over the rows with a masked token of
-      GSPO's sequence ratio ``exp(mean of the row's logp - old_logp)`` (divides by that row
-      count), whatever ``ratio_level``.
+    - ``"policy/ratio_token_sq_dev"``, ``"policy/ratio_seq_sq_dev"``: the mean squared
+      deviation from 1 of the token ratios ``exp(logp - old_logp)`` and of GSPO's sequence
+      ratios (each row's once per token), over the masked tokens (divides by their count),
+      whatever ``ratio_level`` (:func:`ratio_spread`).
 
     Args:
         logp (Tensor): ``[B, T]`` current-policy log-probs of the sampled tokens (with grad).
@@ -591,26 +589,30 @@ def _policy_metrics(
 
 
 def ratio_spread(logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, float]:
-    """How far the ratios spread, token level against sequence level (no grad):
+    """How far the ratios stray from 1, token level against sequence level (no grad), as
+    masked token means, so that a step's value is the same however its batch is split into
+    micro-batches and ranks (a std is not: it does not average):
 
-    - ``"policy/ratio_token_std"``: the population std of ``exp(logp - old_logp)`` over the
-      tokens where ``mask`` is nonzero (the squared deviations' masked sum divided by the
-      masked-token count);
-    - ``"policy/ratio_seq_std"``: the population std, over the rows with at least one masked
-      token (divided by their count), of ``exp(masked mean of the row's logp - old_logp)``.
+    - ``"policy/ratio_token_sq_dev"``: ``(exp(logp - old_logp) - 1)^2`` summed over the tokens
+      where ``mask`` is nonzero, divided by their count;
+    - ``"policy/ratio_seq_sq_dev"``: ``(s_i - 1)^2`` for GSPO's sequence ratio ``s_i =
+      exp(masked mean of row i's logp - old_logp)``, each row counted once per masked token
+      (as ``policy/ratio_mean`` counts it), divided by the masked-token count.
 
-    Padded positions of ``logp`` and ``old_logp`` must already be 0 (as in
+    Their square roots are the RMS deviations from 1, the std when the mean ratio is 1
+    (on-policy). Padded positions of ``logp`` and ``old_logp`` must already be 0 (as in
     :func:`policy_loss`). An empty mask gives 0 for both.
     """
     with torch.no_grad():
         log_ratio = (logp - old_logp).detach().float()
         token = torch.exp(log_ratio)
-        mean = masked_mean(token, mask)
-        token_std = masked_mean((token - mean) ** 2, mask).sqrt()
-        real = mask.sum(dim=1) > 0
-        seq = torch.exp(masked_mean(log_ratio, mask, dim=1))[real]
-        seq_std = (seq - seq.mean()).pow(2).mean().sqrt() if len(seq) else seq.new_zeros(())
-    return {"policy/ratio_token_std": token_std.item(), "policy/ratio_seq_std": seq_std.item()}
+        seq = torch.exp(masked_mean(log_ratio, mask, dim=1)).unsqueeze(-1).expand_as(token)
+        token_dev = masked_mean((token - 1) ** 2, mask)
+        seq_dev = masked_mean((seq - 1) ** 2, mask)
+    return {
+        "policy/ratio_token_sq_dev": token_dev.item(),
+        "policy/ratio_seq_sq_dev": seq_dev.item(),
+    }
 
 
 # ----------------------------------------------------------------------------- value loss
