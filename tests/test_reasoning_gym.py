@@ -307,8 +307,11 @@ def test_near_misses():
     assert {near_miss("5", rng) for _ in range(20)} == {"4", "6"}
     assert {near_miss("-12.58", rng) for _ in range(20)} == {"-12.57", "-12.59"}
     assert near_miss("True", rng) == "False" and near_miss("yes", rng) == "no"
-    word = near_miss("talps", rng)
-    assert len(word) == 5 and sum(a != b for a, b in zip(word, "talps")) == 1
+    # a transposition of two neighbours: t-a, a-l, l-p or p-s
+    assert {near_miss("talps", rng) for _ in range(40)} == {"atlps", "tlaps", "tapls", "talsp"}
+    assert {near_miss("aAb", rng) for _ in range(20)} == {"abA"}  # a-A would change nothing
+    same = near_miss("aaa", rng)  # no two different neighbours: one letter changed
+    assert len(same) == 3 and sum(a != b for a, b in zip(same, "aaa")) == 1
 
 
 def test_corpus_flaws_are_a_flaw_prob_share_of_wrong_answers(sums):

@@ -48,7 +48,7 @@ seeds' datasets share items; rows are kept apart by question text, not by seed.)
 
 The base-model corpus is ``#### <answer>`` (the answer on one line), with a ``flaw_prob`` share
 carrying a near miss that the task's grader scores 0: a number off by one in its last place,
-True/False and Yes/No flipped, or one character of a word changed.
+True/False and Yes/No flipped, or two neighbouring characters of a word swapped.
 """
 
 from __future__ import annotations
@@ -550,9 +550,12 @@ def one_line(answer: str) -> str:
 
 
 def near_miss(answer: str, rng: random.Random) -> str:
-    """A realistic wrong answer close to `answer`: a number off by one in its last place,
-    True/False or Yes/No flipped (case kept), else one letter or digit changed (or, without
-    any, a character repeated)."""
+    """A realistic wrong answer close to `answer`: a number off by one in its last place (up or
+    down), True/False or Yes/No flipped (case kept), else two neighbouring characters swapped
+    (a transposition; without two different neighbours, one letter or digit changed, or a
+    character repeated). Each kind leaves few alternatives, so at the lab's flaw_prob the right
+    answer is only just the most frequent completion of its prompt: a base that learns the
+    corpus decodes the right answer for some problems and a slip for others."""
     text = one_line(answer)
     if _PLAIN_NUMBER.fullmatch(text):
         try:
@@ -564,6 +567,10 @@ def near_miss(answer: str, rng: random.Random) -> str:
     flipped = _FLIPS.get(text.casefold())
     if flipped is not None:
         return flipped.title() if text[:1].isupper() else flipped
+    swaps = [i for i in range(len(text) - 1) if text[i].casefold() != text[i + 1].casefold()]
+    if swaps:
+        i = rng.choice(swaps)
+        return text[:i] + text[i + 1] + text[i] + text[i + 2 :]
     positions = [i for i, c in enumerate(text) if c.isalnum()]
     if not positions:
         i = rng.randrange(len(text))
