@@ -178,6 +178,7 @@ def test_a_mix_splits_held_out_and_draws_by_weight():
     assert 0.68 < share < 0.82  # 3:1 weights, 400 seeded draws (sd of the share about 0.02)
     assert not {r["prompt"] for r in held} & {r["prompt"] for r in train}
     assert spec.reward_fn.methods == {"chain_sum": "math", "leg_counting": "math"}
+    assert spec.describe == "reasoning-gym chain_sum + leg_counting"  # short: a plot title
 
 
 # --- grading: rlvr's, not reasoning-gym's --------------------------------------------------

@@ -655,7 +655,7 @@ def task_spec(spec: str, seed: int = 0, held_out_size: int = HELD_OUT_SIZE) -> T
         reward_fn=reward,
         score=reward.score,
         max_new_tokens=longest + 9,  # EOS, and slack for an answer a little longer
-        describe="reasoning-gym " + " + ".join(s.request.text for s in sources),
+        describe="reasoning-gym " + " + ".join(s.request.name for s in sources),  # plot titles
         min_new_tokens=longest + 1,
     )
 
