@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rlvr.models.chat import prompt_formatter
+from rlvr.models.chat import row_formatter
 from rlvr.rollout.sampler import sample_completions
 from rlvr.tasks.rewards import reward_columns, total_rewards
 
@@ -98,7 +98,7 @@ def rejection_sample(
     counts = dict.fromkeys(STAGES, 0)
     kept: list[Row] = []
     prompts_with_kept = errors = 0
-    fmt = prompt_formatter(tokenizer, config.chat_template)
+    fmt = row_formatter(tokenizer, config.chat_template)  # chat messages keep their roles
     starts = range(0, len(rows), config.prompts_per_call)
     bar = tqdm(starts, desc="sample", unit="batch", disable=not config.progress, leave=False)
     for start in bar:
@@ -106,7 +106,7 @@ def rejection_sample(
         batch = sample_completions(
             model,
             tokenizer,
-            [fmt(r["prompt"]) for r in chunk],
+            [fmt(r) for r in chunk],
             num_samples=config.num_samples,
             max_new_tokens=config.max_new_tokens,
             temperature=config.temperature,
