@@ -202,3 +202,10 @@ def test_a_missing_teacher_is_refused_before_any_model_loads(tmp_path, capsys):
     message = cli_error(argv, capsys)
     assert "--grpo.teacher" in message and "no config.json" in message
     assert not (tmp_path / "lab").exists()  # refused before the run directory was made
+
+
+def test_the_opd_recipe_without_a_teacher_is_warned_about(capsys):
+    from rlvr.pipelines.lab import recipe_lab_config, resolve
+
+    resolve(recipe_lab_config("opd"))
+    assert "opd without --grpo.teacher" in capsys.readouterr().err

@@ -208,6 +208,11 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
     """Refuse impossible settings before any model loads, as `ConfigError`s."""
     parse_report_to(config.report_to)
     teacher = config.grpo.teacher
+    if config.recipe == "opd" and teacher is None:
+        warn(
+            "recipe opd without --grpo.teacher DIR distils from no one: it trains on the "
+            "verifier's reward alone, one completion per prompt"
+        )
     if teacher is not None and not (Path(teacher) / "config.json").is_file():
         raise ConfigError(
             f"--grpo.teacher {teacher}: not a local model directory (no config.json); pass the "
