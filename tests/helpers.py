@@ -16,6 +16,24 @@ TINY_MODEL_FLAGS = [
 ]
 """CLI flags of the smallest tiny model the tests train (32 wide, one layer, two heads)."""
 
+SMALL_TRAIN_FLAGS = [
+    *TINY_MODEL_FLAGS,
+    "--base.steps",
+    "3",
+    "--base.batch-size",
+    "4",
+    "--grpo.steps",
+    "2",
+    "--grpo.prompts-per-step",
+    "2",
+    "--grpo.group-size",
+    "2",
+    "--eval-samples",
+    "1",
+    "--no-progress",
+]
+"""`rlvr train` flags of a two-step run from a three-step tiny base: a task trains end to end."""
+
 
 def close(actual, expected, atol: float = 1e-6, *, dtype: torch.dtype = torch.float32) -> None:
     """Assert that ``actual`` equals ``expected`` elementwise within ``atol`` (no relative slack).

@@ -11,7 +11,7 @@ from rlvr.pipelines.base_model import BaseConfig
 from rlvr.pipelines.lab import LabConfig, build_base_model, lab_base_dir, lab_task
 from rlvr.report.run_dir import read_jsonl
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from tests.helpers import TINY_MODEL_FLAGS
+from tests.helpers import SMALL_TRAIN_FLAGS, TINY_MODEL_FLAGS
 from tests.test_cli import cli_error
 
 TINY = [
@@ -178,22 +178,7 @@ def test_eval_schedule_is_dense_early():
 
 @pytest.mark.parametrize("task", ["code", "tool"])
 def test_code_and_tool_tasks_train_end_to_end(task, tmp_path):
-    small = [
-        *TINY_MODEL_FLAGS,
-        "--base.steps",
-        "3",
-        "--base.batch-size",
-        "4",
-        "--grpo.steps",
-        "2",
-        "--grpo.prompts-per-step",
-        "2",
-        "--grpo.group-size",
-        "2",
-        "--eval-samples",
-        "1",
-        "--no-progress",
-    ]
+    small = SMALL_TRAIN_FLAGS
     main(
         [
             "train",

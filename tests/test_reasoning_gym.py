@@ -24,7 +24,7 @@ from rlvr.tasks.reasoning_gym import (
 )
 from rlvr.tasks.rewards import reward_columns, total_rewards
 from rlvr.verifiers import exact
-from tests.helpers import TINY_MODEL_FLAGS
+from tests.helpers import SMALL_TRAIN_FLAGS
 from tests.test_cli import cli_error
 
 reasoning_gym = pytest.importorskip("reasoning_gym")
@@ -343,20 +343,7 @@ def test_train_two_steps_end_to_end(tmp_path):
             str(tmp_path / "cache"),
             "--run-name",
             "gym",
-            *TINY_MODEL_FLAGS,
-            "--base.steps",
-            "3",
-            "--base.batch-size",
-            "4",
-            "--grpo.steps",
-            "2",
-            "--grpo.prompts-per-step",
-            "2",
-            "--grpo.group-size",
-            "2",
-            "--eval-samples",
-            "1",
-            "--no-progress",
+            *SMALL_TRAIN_FLAGS,
         ]
     )
     metrics = read_jsonl(tmp_path / "gym" / "metrics.jsonl")

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from rlvr.algo.dpo import dpo_loss, sequence_logps
 from rlvr.models.logprobs import completion_logprobs
-from rlvr.rollout.sampler import sample_completions
+from rlvr.train.evaluate import held_out_samples
 from rlvr.train.sft import shuffled_epochs
 
 Row = dict[str, Any]
@@ -116,32 +116,33 @@ def sample_pair_pool(
     """Sample `num_samples` completions for each of `rows` (prompts as given), grade each with
     `score(completion, row)`, and pair them per prompt (`pairs_of_prompt`); seeded by `seed`
     (sampling and pairing)."""
-    generator = torch.Generator().manual_seed(seed)
+    samples = held_out_samples(  # seeded by `seed`, `prompts_per_call` prompts a call
+        model,
+        tokenizer,
+        list(rows),
+        score,
+        max_new_tokens,
+        temperature,
+        num_samples,
+        seed,
+        batch_size=prompts_per_call * num_samples,
+        workers=1,
+    )
     rng = random.Random(seed)
     pairs: list[PreferencePair] = []
     completions = correct = truncated = with_pairs = 0
-    for start in range(0, len(rows), prompts_per_call):
-        chunk = list(rows[start : start + prompts_per_call])
-        batch = sample_completions(
-            model,
-            tokenizer,
-            [r["prompt"] for r in chunk],
-            num_samples=num_samples,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            generator=generator,
-        )
-        completions += len(batch.completions)
-        for i, row in enumerate(chunk):
-            group = range(i * num_samples, (i + 1) * num_samples)
-            kept = [j for j in group if not bool(batch.truncated[j])]
-            truncated += len(group) - len(kept)
-            texts = [batch.completions[j] for j in kept]
-            scores = [float(score(t, row)) for t in texts]
-            correct += sum(s == 1.0 for s in scores)
-            found = pairs_of_prompt(row["prompt"], texts, scores, pairs_per_prompt, rng)
-            with_pairs += bool(found)
-            pairs += found
+    for row, texts_of_row, scores_of_row, cut in zip(
+        rows, samples.completions, samples.scores, samples.truncated, strict=True
+    ):
+        completions += len(texts_of_row)
+        kept = [j for j, was_cut in enumerate(cut) if not was_cut]
+        truncated += len(cut) - len(kept)
+        texts = [texts_of_row[j] for j in kept]
+        scores = [scores_of_row[j] for j in kept]
+        correct += sum(s == 1.0 for s in scores)
+        found = pairs_of_prompt(row["prompt"], texts, scores, pairs_per_prompt, rng)
+        with_pairs += bool(found)
+        pairs += found
     return PairPool(pairs, len(rows), completions, correct, truncated, with_pairs)
 
 

@@ -44,6 +44,8 @@ class HeldOutSamples:
 
     completions: list[list[str]]
     scores: list[list[float]]
+    truncated: list[list[bool]]
+    """Whether each completion hit `max_new_tokens` without EOS."""
 
     @property
     def accuracy(self) -> float:
@@ -72,6 +74,7 @@ def held_out_samples(
     per_call = max(1, batch_size // num_samples)
     completions: list[list[str]] = []
     scores: list[list[float]] = []
+    truncated: list[list[bool]] = []
     for start in range(0, len(rows), per_call):
         chunk = rows[start : start + per_call]
         batch = sample_completions(
@@ -88,7 +91,9 @@ def held_out_samples(
             texts = batch.completions[i * num_samples : (i + 1) * num_samples]
             completions.append(texts)
             scores.append([float(score(c, row)) for c in texts])
-    return HeldOutSamples(completions, scores)
+            cut = batch.truncated[i * num_samples : (i + 1) * num_samples]
+            truncated.append([bool(x) for x in cut])
+    return HeldOutSamples(completions, scores, truncated)
 
 
 # --- a pipeline stage's model, per thinking mode ------------------------------------------
