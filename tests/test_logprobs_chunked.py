@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from rlvr.config import ConfigError
 from rlvr.models.logprobs import (
     LinearLogprobs,
+    _checkpointing,
     completion_logprobs,
     completion_logprobs_shared_prompts,
     decoder_and_head,
@@ -245,7 +246,7 @@ def test_a_step_with_gradient_checkpointing_equals_one_without():
             seed=0,
             engine=HFEngine(policy, tokenizer),
         )
-        assert policy.is_activation_checkpointing == on
+        assert _checkpointing(policy) == on
         result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
         results.append((result, [p.grad for p in policy.parameters()]))
     (off, off_grads), (on, on_grads) = results

@@ -105,19 +105,34 @@ def completion_logprobs(
 def cache_argument(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     """`{name: cache}` for `model`'s forward: `cache` (transformers >= 5.24) or
     `past_key_values` (earlier 5.x, e.g. the < 5.20 that vLLM's CPU build pins), whichever its
-    forward (a PEFT model's base model's) takes. A wrong name is swallowed by the forward's
-    `**kwargs` without a word, and the pass then runs without its KV cache."""
+    forward (a PEFT model's base model's) names. A wrapper whose forward takes `**kwargs` and
+    names neither gets the installed transformers' own name, which the model it wraps takes.
+    A wrong name is swallowed by the forward's `**kwargs` without a word, and the pass then
+    runs without its KV cache: the completions are scored without their prompt."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return {_cache_keyword(type(base)): cache}
 
 
 @functools.cache
 def _cache_keyword(model_class: type) -> str:
-    """`past_key_values` only for a forward that names it and not `cache` (a wrapper taking
-    `**kwargs` passes the current name on)."""
+    """The KV cache's keyword that `model_class.forward` names, else the installed
+    transformers' (`_installed_cache_keyword`)."""
     parameters = inspect.signature(model_class.forward).parameters
-    older = "past_key_values" in parameters and "cache" not in parameters
-    return "past_key_values" if older else "cache"
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    return _installed_cache_keyword()
+
+
+@functools.cache
+def _installed_cache_keyword() -> str:
+    """`cache` where the installed transformers' decoders take it (>= 5.24), else
+    `past_key_values`: read off its Llama decoder's forward, the name every built-in
+    architecture shares in one release."""
+    from transformers import LlamaModel
+
+    parameters = inspect.signature(LlamaModel.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def completion_logprobs_shared_prompts(
@@ -166,7 +181,7 @@ def completion_logprobs_shared_prompts(
         "input_ids": prompt_ids[first],
         "attention_mask": unique_mask,
         "position_ids": position_ids_from_mask(unique_mask),
-        "cache": cache,
+        **cache_argument(run, cache),
         "use_cache": True,
     }
     if split is None:

@@ -24,7 +24,11 @@ from rlvr.rollout.sampler import RolloutBatch, rollout_batch, sample_completions
 
 
 class RolloutEngine(Protocol):
-    """What the loop needs from a rollout engine."""
+    """What the loop needs from a rollout engine.
+
+    An engine whose log-probs are the learner's own numerics (the same forward code at the
+    same precision) sets `exact_logprobs = True`: a first pass that disagrees with them then
+    stops the run (`rlvr.train.agreement`); `logprob_path` names its log-probs in messages."""
 
     def generate(
         self,
@@ -46,6 +50,9 @@ class HFEngine:
     """Samples with the policy module itself (KV cache, finished rows dropped, prompt cache
     shared across the group): nothing to sync, the weights are the policy's. `workers` > 1
     samples shards of the prompts in that many threads (`rlvr.workers`)."""
+
+    exact_logprobs = True
+    logprob_path = "HF forward with KV cache, rlvr.rollout.sampler"
 
     def __init__(self, model: torch.nn.Module, tokenizer, workers: int = 1) -> None:
         self.model, self.tokenizer, self.workers = model, tokenizer, workers
@@ -126,6 +133,9 @@ class VLLMEngine:
     completions equal to greedy decoding by full forward passes. On a GPU it is the same API,
     untested here.
     """
+
+    exact_logprobs = False  # vLLM's kernels: within 1e-5 on the CPU, not the learner's own
+    logprob_path = "vLLM"
 
     def __init__(
         self,

@@ -391,11 +391,15 @@ class RayEngine:
         self._started_ray = start_ray(ray_address)
         self._ray = import_ray()
         self.actors: list = []
+        self.exact_logprobs, self.logprob_path = False, "Ray actors"
         self.pids: list[int | None] = [None] * num_workers
         try:
             resources = _actor_resources(placement, device, num_workers, threads_per_worker)
             _check_cluster(self._ray, resources, num_workers)
             factory = engine_factory or HFEngineFactory(_hf_config(model))
+            # the actors' HFEngine runs the learner's forward code; another factory may not
+            self.exact_logprobs = isinstance(factory, HFEngineFactory)
+            self.logprob_path = f"{num_workers} Ray actor(s), {type(factory).__name__}"
             self._start_actors(factory, num_workers, device, threads_per_worker, resources)
             self.load_weights(model.state_dict())
         except BaseException:

@@ -151,6 +151,20 @@ def all_reduce_sum(values: dict[str, float], ctx: DistContext) -> dict[str, floa
     return dict(zip(keys, total.cpu().tolist()))
 
 
+def all_reduce_max(value: float, ctx: DistContext) -> float:
+    """The largest `value` over the ranks (NaN if any rank's is NaN), the same on every rank;
+    `value` itself in one process."""
+    if not ctx.sharded:
+        return value
+    box = torch.tensor([value], dtype=torch.float64)
+    with lost_rank_as_error(ctx, "a metrics all-reduce"):
+        box = _on_backend(box, ctx)
+        nan = torch.isnan(box).to(box.dtype)
+        dist.all_reduce(nan, op=dist.ReduceOp.MAX)
+        dist.all_reduce(box, op=dist.ReduceOp.MAX)
+    return float("nan") if nan.item() else box.item()
+
+
 def broadcast_object(obj: Any, ctx: DistContext, src: int = 0) -> Any:
     """Rank `src`'s `obj` (picklable) on every rank; `obj` itself in one process."""
     if not ctx.sharded:

@@ -37,6 +37,7 @@ from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine, RolloutEngine
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.tasks.rewards import RewardFn
+from rlvr.train.agreement import agreement_check
 from rlvr.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -114,8 +115,8 @@ def grpo_step(
     #    new weights
     with timer("update"):
         work = learner.plan_update(data)  # rows that carry a gradient, micro-batches, divisors
-        for _ in range(plan.mu):
-            update_metrics = learner.policy_step(data, work, timer)
+        for i in range(plan.mu):
+            update_metrics = learner.policy_step(data, work, timer, first_pass=i == 0)
             if "update/nonfinite" in update_metrics:  # skipped; the loop counts and stops
                 break
             if values is not None:
@@ -241,7 +242,9 @@ def build_trainer(
         rollout = AsyncRollout(rollout, plan.async_steps, config.worker_timeout_s)
     if sharded:
         rollout = BroadcastRollout(rollout, dist_ctx)
-    return Trainer(plan, state, rollout, Learner(state, plan), teacher)
+    on_policy = plan.correct is None and plan.async_steps == 0
+    agreement = agreement_check(on_policy, engine, next(policy.parameters()).dtype)
+    return Trainer(plan, state, rollout, Learner(state, plan, agreement), teacher)
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:

@@ -22,6 +22,7 @@ root's parameters sharded (`logprob_chunk_tokens` and `share_prompt_forward` are
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ from rlvr.models.logprobs import completion_logprobs
 from rlvr.models.lora import adapters_disabled
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch
+from rlvr.train.agreement import AgreementCheck, check_agreement
 from rlvr.train.config import StepPlan
 from rlvr.train.distributed import full_state_dict, lost_rank_as_error, reshard
 from rlvr.train.reference import check_reference_sync, sync_reference
@@ -59,17 +61,22 @@ class UpdateBatch:
 class Learner:
     """Owns `state`'s models and optimizers; every switch it obeys comes resolved in `plan`."""
 
-    def __init__(self, state: TrainState, plan: StepPlan) -> None:
+    def __init__(
+        self, state: TrainState, plan: StepPlan, agreement: AgreementCheck | None = None
+    ) -> None:
         """Raises ValueError when `plan` syncs a reference that is a LoRA policy's base, or
-        when a sharded state's plan has not one worker per rank."""
+        when a sharded state's plan has not one worker per rank. `agreement` checks each
+        step's first pass against the sampler's log-probs (`train/agreement.py`; None: no
+        check, for an update that does not start on-policy)."""
         check_reference_sync(state.reference_is_base, plan.ref_sync_every)
         if state.sharded and plan.workers != state.world_size:
             raise ValueError(
                 f"a learner sharded over {state.world_size} ranks plans one worker per rank: "
                 f"build_plan(config, workers={state.world_size}), not workers={plan.workers}"
             )
-        self.state, self.plan = state, plan
+        self.state, self.plan, self.agreement = state, plan, agreement
         self.chunk_tokens = 0 if state.sharded else plan.logprob_chunk_tokens
+        self._warned = False
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -148,13 +155,20 @@ class Learner:
             share_prompts=self.plan.share_prompts and not self.state.sharded,
         )
 
-    def policy_step(self, data: UpdateBatch, work: UpdateWork, timer: StepTimer) -> dict:
+    def policy_step(
+        self, data: UpdateBatch, work: UpdateWork, timer: StepTimer, first_pass: bool = False
+    ) -> dict:
         """One pass over the batch and one optimizer step; `update/nonfinite` when a NaN/Inf
-        loss or gradient made it skip the step."""
+        loss or gradient made it skip the step. The `first_pass` of a step is checked against
+        the sampler (`agreement/max_abs_log_ratio`; a `LogprobMismatchError` before the
+        optimizer steps when they disagree)."""
         state, plan = self.state, self.plan
         state.optimizer.zero_grad(set_to_none=True)
+        agreement = {}
         with self._ranks("the policy update"):
             result = self._accumulate(data, work)
+            if first_pass and self.agreement is not None and work.parts:
+                agreement = self._check_agreement(result.max_abs_log_ratio, work)
             timer.add("forward", result.forward_s)
             timer.add("backward", result.backward_s)
             with timer("optimizer"):
@@ -169,10 +183,27 @@ class Learner:
             "update/shared_prompts": float(work.shared_prompts),
             "update/rows_skipped_frac": 1.0 - work.carried / work.rows,
             "grad_norm": grad_norm.item(),
+            **agreement,
         }
         if not stepped:
             metrics["update/nonfinite"] = 1.0
         return metrics
+
+    def _check_agreement(self, max_abs_log_ratio: float, work: UpdateWork) -> dict[str, float]:
+        """`check_agreement` on this pass (raises on a disagreement past the tolerance; warns
+        once per run without one); returns the metric."""
+        assert self.agreement is not None
+        path = ", ".join(
+            ["FSDP ranks" if self.state.sharded else f"{self.plan.workers} worker thread(s)"]
+            + [f"{len(work.parts)} micro-batch(es)"]
+            + (["shared-prompt forward"] if work.shared_prompts else ["a prompt per row"])
+            + ([f"head chunked by {self.chunk_tokens} tokens"] if self.chunk_tokens else [])
+        )
+        warning = check_agreement(self.agreement, max_abs_log_ratio, path, self.state.step + 1)
+        if warning is not None and not self._warned:
+            self._warned = True
+            print(f"[rlvr] warning: {warning}", file=sys.stderr)
+        return {"agreement/max_abs_log_ratio": max_abs_log_ratio}
 
     def _accumulate(self, data: UpdateBatch, work: UpdateWork) -> UpdateResult:
         """The gradients of one pass over the batch: worker threads in one process, this

@@ -29,7 +29,13 @@ from rlvr import algo
 from rlvr.models.logprobs import completion_logprobs, completion_logprobs_shared_prompts
 from rlvr.models.value import ValueModel
 from rlvr.rollout.sampler import RolloutBatch
-from rlvr.train.distributed import DistContext, all_reduce_sum, full_tensor, lost_rank_as_error
+from rlvr.train.distributed import (
+    DistContext,
+    all_reduce_max,
+    all_reduce_sum,
+    full_tensor,
+    lost_rank_as_error,
+)
 from rlvr.workers import balanced_shards, map_in_threads
 
 NOTHING_TO_RUN = {"policy/clip_frac": 0.0, "policy/approx_kl": 0.0}
@@ -256,12 +262,15 @@ def plan_update_work(
 @dataclass
 class UpdateResult:
     """What `accumulate_gradients` measured: the summed loss, the token-weighted policy/*
-    metrics, and the wall seconds split into forward and backward."""
+    metrics, the wall seconds split into forward and backward, and the largest
+    `|logp - old_logp|` over the pass's loss-mask tokens (the same on every rank: the
+    sampler/learner agreement check's input, `train/agreement.py`)."""
 
     loss: float
     metrics: dict[str, float]
     forward_s: float = 0.0
     backward_s: float = 0.0
+    max_abs_log_ratio: float = 0.0
 
 
 def accumulate_gradients(
@@ -296,7 +305,7 @@ def accumulate_gradients(
         grads, result = None, UpdateResult(0.0, {})
         for part in shard:
             t_fwd = time.perf_counter()
-            loss, metrics, mask = _part_loss(
+            loss, metrics, mask, deviation = _part_loss(
                 policy,
                 batch,
                 part,
@@ -314,6 +323,7 @@ def accumulate_gradients(
             result.backward_s += time.perf_counter() - t_bwd
             grads = part_grads if grads is None else [_add(a, b) for a, b in zip(grads, part_grads)]
             _record(result, loss.item(), metrics, mask.sum().item() / work.carried_tokens)
+            result.max_abs_log_ratio = max(result.max_abs_log_ratio, deviation)
         return grads, result
 
     t0 = time.perf_counter()
@@ -322,6 +332,7 @@ def accumulate_gradients(
     for p, *shard_grads in zip(params, *[grads for grads, _ in results]):
         p.grad = _sum_grads(p, shard_grads)
     total = UpdateResult(sum(r.loss for _, r in results), {})
+    total.max_abs_log_ratio = max(r.max_abs_log_ratio for _, r in results)
     for _, r in results:
         for key, value in r.metrics.items():
             total.metrics[key] = total.metrics.get(key, 0.0) + value
@@ -368,7 +379,7 @@ def _rank_gradients(
         for i in range(passes):
             real = i < len(mine)
             t_fwd = time.perf_counter()
-            loss, metrics, mask = _part_loss(
+            loss, metrics, mask, deviation = _part_loss(
                 policy,
                 batch,
                 mine[i] if real else filler,
@@ -384,6 +395,7 @@ def _rank_gradients(
             result.backward_s += time.perf_counter() - t_bwd
             if real:
                 _record(result, loss.item(), metrics, mask.sum().item() / work.carried_tokens)
+                result.max_abs_log_ratio = max(result.max_abs_log_ratio, deviation)
             else:  # the same keys on every rank for the all-reduce, adding nothing
                 _record(result, 0.0, dict.fromkeys(metrics, 0.0), 0.0)
     for p in policy.parameters():
@@ -393,7 +405,8 @@ def _rank_gradients(
         return UpdateResult(0.0, dict(NOTHING_TO_RUN), result.forward_s, result.backward_s)
     summed = all_reduce_sum({"loss": result.loss, **result.metrics}, ctx)
     loss = summed.pop("loss")
-    return UpdateResult(loss, summed, result.forward_s, result.backward_s)
+    deviation = all_reduce_max(result.max_abs_log_ratio, ctx)
+    return UpdateResult(loss, summed, result.forward_s, result.backward_s, deviation)
 
 
 def optimizer_step(
@@ -446,8 +459,9 @@ def _part_loss(
     divisors: dict[str, float],
     shared_prompts: bool = False,
     logprob_chunk_tokens: int = 0,
-) -> tuple[torch.Tensor, dict[str, float], torch.Tensor]:
-    """(loss, metrics, loss mask) of micro-batch `part`; `per_token` is (advantages, loss mask,
+) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, float]:
+    """(loss, metrics, loss mask, largest |logp - old_logp| on its loss-mask tokens) of
+    micro-batch `part`; `per_token` is (advantages, loss mask,
     reference log-probs), cut to the micro-batch's rows and columns with the sampling
     log-probs (`_micro_batch`). The loss divides by `divisors` (empty: its own counts).
 
@@ -465,7 +479,15 @@ def _part_loss(
         logp, entropy = completion_logprobs(policy, *cols, temperature, logprob_chunk_tokens, True)
     loss, metrics = loss_fn(logp, old, adv, mask, ref_logp=ref, **divisors)
     metrics["policy/entropy"] = algo.masked_mean(entropy, mask).item()
-    return loss, metrics, mask
+    return loss, metrics, mask, _max_abs_deviation(logp, old, mask)
+
+
+@torch.no_grad()
+def _max_abs_deviation(logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
+    """max |logp - old| over the tokens where `mask` is nonzero (0 with none; NaN stays NaN:
+    padding's values are never read)."""
+    gap = torch.where(mask != 0, (logp.detach() - old).abs(), torch.zeros((), device=old.device))
+    return gap.max().item() if gap.numel() else 0.0
 
 
 def _record(result: UpdateResult, loss: float, metrics: dict[str, float], weight: float) -> None:
