@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from rlvr.config import ConfigError, RunExistsError, UserError
+from rlvr.report.environment import environment, environment_line
 from rlvr.report.loggers import Logger, LoggerFanOut
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
@@ -89,7 +90,8 @@ class RunDirectory:
     def write_config(self, config: Any) -> None:
         data = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
         data = json.loads(json.dumps(data))
-        (self.path / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        ran_on = f"# written by {environment_line()}\n"  # a comment: --resume reads the rest
+        (self.path / "config.yaml").write_text(ran_on + yaml.safe_dump(data, sort_keys=False))
         self.loggers.log_config(data)
 
     def log_metrics(self, record: dict[str, Any]) -> None:
@@ -111,6 +113,8 @@ class RunDirectory:
             tmp.replace(path)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
+        """summary.json: `summary` and the `environment` it was measured in."""
+        summary = {**summary, "environment": environment()}
         (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
