@@ -17,6 +17,7 @@ from rlvr.cli import main
 from rlvr.config import UserError
 from rlvr.pipelines.lab import LabConfig, run_lab
 from rlvr.report.run_dir import read_jsonl
+from rlvr.train.checkpoint import latest_checkpoint
 from tests.test_cli import cli_error
 from tests.test_lab import TINY
 
@@ -161,3 +162,36 @@ def test_bad_inputs_are_refused_before_any_compute(tmp_path, capsys):
     with pytest.raises(UserError):  # the library's error: PermissionError or NotADirectoryError
         run_lab(LabConfig(runs_dir=str(read_only), progress=False))
     assert cli_error(["train", "--runs-dir", str(read_only), "--no-progress"], capsys)
+
+
+def test_a_kill_before_and_after_the_first_checkpoint_resumes_to_the_same_logs(tmp_path):
+    """`rlvr train dapo`, a checkpoint every 3 of 6 steps, SIGKILL after step 1 (no checkpoint
+    yet: the resume restarts from nothing) and after step 4 (from step 3): every metrics row
+    and sample and the final weights equal the uninterrupted run's (issue 23, finding 6)."""
+
+    def args(name: str) -> list[str]:
+        flags = [*lab_args(tmp_path, name)[1:], "--grpo.steps", "6"]
+        return ["train", "dapo", *flags, "--grpo.checkpoint-every", "3"]
+
+    main([*args("whole"), "--no-progress"])
+    whole = tmp_path / "runs" / "whole"
+    expected = stable(read_jsonl(whole / "metrics.jsonl"))
+    assert [r["step"] for r in expected] == list(range(7))
+    expected_samples = read_jsonl(whole / "samples.jsonl")
+    expected_weights = load_file(whole / "model" / "model.safetensors")
+    for kill_after, checkpoint in ((1, None), (4, "step-000003")):
+        name = f"killed-{kill_after}"
+        process = start_subprocess(args(name))
+        run = tmp_path / "runs" / name
+        wait_for_steps(run / "metrics.jsonl", kill_after, process)
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        last = latest_checkpoint(run / "checkpoints")
+        assert (last.name if last else None) == checkpoint, "killed too late to test"
+        assert len(read_jsonl(run / "metrics.jsonl")) > 1  # the dead run's rows are there
+
+        main(["lab", "--resume", str(run), "--no-progress"])
+        assert stable(read_jsonl(run / "metrics.jsonl")) == expected, name
+        assert read_jsonl(run / "samples.jsonl") == expected_samples, name
+        weights = load_file(run / "model" / "model.safetensors")
+        assert all(torch.equal(weights[k], expected_weights[k]) for k in expected_weights)

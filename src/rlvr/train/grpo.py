@@ -410,9 +410,12 @@ def _resume_or_evaluate(
 ) -> dict[str, float]:
     """Load the newest checkpoint under `checkpoints` (None: a fresh run) and cut the logs back
     to its step; otherwise log the starting model's evaluation as step 0: `initial_eval` when
-    the caller has it already, else `evaluate(model)`. Returns that evaluation. Only the
-    `main` process logs and evaluates; every process loads."""
-    if checkpoints is not None and (latest := latest_checkpoint(checkpoints)) is not None:
+    the caller has it already, else `evaluate(model)`. Returns that evaluation. A resumed run
+    with no checkpoint yet (killed before its first) restarts from nothing: the logs the dead
+    run wrote are emptied first, as its trackers start afresh. Only the `main` process logs
+    and evaluates; every process loads."""
+    latest = latest_checkpoint(checkpoints) if checkpoints is not None else None
+    if latest is not None:
         load_checkpoint(latest, t.state)
         t.rollout.skip(t.state.data_position)
         t.rollout.sync(t.learner)  # an engine with weights of its own samples the loaded ones
@@ -422,6 +425,8 @@ def _resume_or_evaluate(
         return {}
     if not main:
         return {}
+    if checkpoints is not None:  # resumed, but nothing to resume from: the dead run's rows go
+        run.truncate_logs(after_step=-1)
     start = initial_eval if initial_eval is not None else evaluate(model)
     record = {f"eval/{k}": v for k, v in start.items()}
     run.log_metrics({"step": 0, **record})
