@@ -7,6 +7,7 @@ import torch
 
 from rlvr.algo.rollout_correction import (
     ROLLOUT_CORRECTIONS,
+    corrected_advantages,
     importance_ratios,
     mismatch_metrics,
 )
@@ -139,3 +140,37 @@ def test_weighted_advantage_is_the_weighted_ppo_term_and_dropped_tokens_leave_th
     kept = keep.float()
     close(loss, (plain * weights * kept).sum() / 3.0, 1e-6)
     assert int(kept.sum()) == 3
+
+
+@pytest.mark.parametrize("fill", [-math.inf, math.inf, math.nan])
+def test_nonfinite_padding_gives_the_hand_computed_weights(fill):
+    # the module's batch with `fill` on every padded position of both log-prob tensors, so
+    # logp - behaviour there is -inf - -inf, inf - inf or nan: NaN, which multiplying by the
+    # mask kept (0 * nan = nan) and the sequence sum spread over the row. The weights are those
+    # derived by hand above for the finite padding, 0 on padding.
+    logp = torch.where(MASK.bool(), LOGP, fill)
+    behaviour = torch.where(MASK.bool(), BEHAVIOUR, fill)
+    close(importance_ratios(logp, behaviour, MASK), [[1, 1 / E, E, 0], [3, 0.25, 0, 0]], 1e-5)
+    expected_seq = [[1, 1, 1, 0], [0.75, 0.75, 0, 0]]
+    close(importance_ratios(logp, behaviour, MASK, "sequence"), expected_seq, 1e-5)
+    expected = {  # (mode, options) -> weights
+        ("tis", (("cap", 2.0),)): [[1, 1 / E, 2, 0], [2, 0.25, 0, 0]],
+        ("tis", (("cap", 0.9), ("level", "sequence"))): [[0.9, 0.9, 0.9, 0], [0.75, 0.75, 0, 0]],
+        ("mis", (("cap", 2.0),)): [[1, 1 / E, 0, 0], [0, 0.25, 0, 0]],
+        ("mis", (("cap", 0.9), ("level", "sequence"))): [[0, 0, 0, 0], [0.75, 0.75, 0, 0]],
+        ("icepop", (("low", 0.5), ("cap", 5.0))): [[1, 0, E, 0], [3, 0, 0, 0]],
+        ("none", ()): MASK.tolist(),
+    }
+    for (mode, options), weights_by_hand in expected.items():
+        weights, keep = ROLLOUT_CORRECTIONS[mode](logp, behaviour, MASK, **dict(options))
+        close(weights, weights_by_hand, 1e-5)
+        assert not (keep & ~MASK.bool()).any()
+    # corrected advantages with the padding of per-token advantages non-finite too: MIS at cap
+    # 2 keeps (0,0), (0,1), (1,1) (the test above), A * w there, 0 elsewhere
+    weights, keep = ROLLOUT_CORRECTIONS["mis"](logp, behaviour, MASK, cap=2.0)
+    per_token = torch.tensor([[1.0, 2.0, 3.0, fill], [4.0, 5.0, fill, fill]])
+    adv, mask = corrected_advantages(per_token, MASK, weights, keep)
+    close(adv, [[1.0, 2 / E, 0, 0], [0, 1.25, 0, 0]], 1e-5)
+    close(mask, [[1, 1, 0, 0], [0, 1, 0, 0]], 0)
+    metrics = mismatch_metrics(logp, behaviour, MASK, weights, keep)
+    assert metrics == mismatch_metrics(LOGP, BEHAVIOUR, MASK, *run("mis", cap=2.0))

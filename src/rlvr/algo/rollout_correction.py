@@ -19,7 +19,9 @@ in the denominator silently rescales the gradient).
 
 ``level="sequence"`` uses one ratio per completion, ``exp(sum_t mask_t (logp_t -
 behaviour_logp_t))``, for every token of it. Padding (``mask == 0``) gets weight 0 and is never
-kept, whatever the values there.
+kept, whatever the values there: they are *selected away* with :func:`torch.where` before any
+arithmetic, never multiplied by the mask (an engine that pads with ``-inf`` would otherwise give
+``-inf * 0 = nan``, and at the sequence level one NaN spreads over the whole row).
 """
 
 from __future__ import annotations
@@ -50,14 +52,15 @@ def importance_ratios(
 ) -> Tensor:
     """``[N, T]`` ratios ``pi_old / mu`` per token (``level="token"``) or per sequence
     broadcast over its tokens (``"sequence"``: the exp of the masked sum of log-ratios); 0 on
-    padding. Detached."""
-    mask = mask.to(logp.dtype)
-    log_ratio = (logp.detach() - behaviour_logp.detach()) * mask
+    padding, whatever ``logp`` and ``behaviour_logp`` hold there (``-inf``, NaN). Detached."""
+    real = mask.bool()
+    zero = logp.new_zeros(())
+    log_ratio = torch.where(real, logp.detach() - behaviour_logp.detach(), zero)
     if level == "sequence":
-        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(mask)
+        log_ratio = log_ratio.sum(dim=1, keepdim=True).expand_as(log_ratio)
     elif level != "token":
         raise ValueError(f"level must be 'token' or 'sequence', got {level!r}")
-    return torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)) * mask
+    return torch.where(real, torch.exp(log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)), zero)
 
 
 def correction_none(
@@ -93,7 +96,7 @@ def correction_mis(
     sequence level a sequence is kept or dropped whole."""
     rho = importance_ratios(logp, behaviour_logp, mask, level)
     keep = mask.bool() & (rho <= cap)
-    return rho * keep, keep
+    return torch.where(keep, rho, rho.new_zeros(())), keep
 
 
 def correction_icepop(
@@ -109,7 +112,7 @@ def correction_icepop(
     two-sided band (its paper's [0.5, 5])."""
     rho = importance_ratios(logp, behaviour_logp, mask, level)
     keep = mask.bool() & (rho >= low) & (rho <= cap)
-    return rho * keep, keep
+    return torch.where(keep, rho, rho.new_zeros(())), keep
 
 
 ROLLOUT_CORRECTIONS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
@@ -131,10 +134,15 @@ def corrected_advantages(
     Scaling the advantage is scaling the token's PPO-clip term: for ``w >= 0``,
     ``-min(r A w, clip(r) A w) = w * -min(r A, clip(r) A)``, and the dual clip's cap ``-A c``
     scales with it; the clip's active branch and ``A``'s sign are unchanged. The KL term to the
-    reference is not reweighted (it is not an expectation over the rollout's tokens)."""
+    reference is not reweighted (it is not an expectation over the rollout's tokens). GMPO's
+    surrogate averages these ``[N, T]`` advantages over the row's kept tokens, so there the
+    weights enter as their arithmetic mean (see :func:`rlvr.algo.losses.surrogate_gmpo`).
+    Tokens outside ``keep & loss_mask`` are selected away (0 in both outputs), whatever the
+    advantages or weights hold there."""
     per_token = advantages if advantages.dim() == 2 else advantages.unsqueeze(1)
     kept = keep & loss_mask.bool()
-    return per_token * weights * kept, loss_mask * kept
+    weighted = torch.where(kept, per_token * weights, weights.new_zeros(()))
+    return weighted, torch.where(kept, loss_mask, loss_mask.new_zeros(()))
 
 
 def mismatch_metrics(
