@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from rlvr.algo import ROLLOUT_CORRECTIONS, corrected_advantages
 from rlvr.algo.losses import (
     SURROGATES,
     policy_loss,
@@ -244,6 +245,45 @@ class TestGMPO:
         loss_b.backward()
         close(loss_b.detach(), 0.2941360)
         close(logp_b.grad, logp_a.grad)
+
+    def test_rollout_correction_weights_enter_as_their_arithmetic_mean(self):
+        # on policy (logp = pi_old: rho_i = 1, nothing clipped), TIS weights pi_old / mu of
+        # 0.5, 2, 1 (row 0, A = +1) and 4, 0.25 (row 1, A = -2); -inf on all padding.
+        # corrected_advantages folds w into A and GMPO averages the row's advantages:
+        # row 0: 1 * (0.5 + 2 + 1) / 3 = 1.1666667 -> L_0 = -1.1666667
+        # row 1: -2 * (4 + 0.25) / 2 = -4.25 -> L_1 = 4.25; seq-mean (L_0 + L_1) / 2 = 1.5416667
+        # (verl's geo_mean multiplies by the weights' geometric mean instead, 1 in both rows
+        # here: (-1 + 2) / 2 = 0.5). Gradient -A_i mean(w) rho_i / |y_i| / 2 rows:
+        # row 0: -1.1666667 / 3 / 2 = -0.1944444; row 1: 4.25 / 2 / 2 = 1.0625
+        mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+        keep = mask.bool()
+        old = torch.where(keep, torch.full((2, 4), LOG_HALF), -math.inf)
+        w = torch.tensor([[0.5, 2.0, 1.0, 1.0], [4.0, 0.25, 1.0, 1.0]])
+        behaviour = torch.where(keep, old - w.log(), -math.inf)
+
+        def loss_of(level: str):
+            weights, kept = ROLLOUT_CORRECTIONS["tis"](old, behaviour, mask, cap=10.0, level=level)
+            adv, loss_mask = corrected_advantages(torch.tensor([1.0, -2.0]), mask, weights, kept)
+            logp = old.clone().requires_grad_(True)
+            loss, _ = policy_loss(
+                logp,
+                old,
+                adv,
+                loss_mask,
+                surrogate="gmpo",
+                aggregation="seq-mean-token-mean",
+                **GMPO_CLIP,
+            )
+            loss.backward()
+            return loss.detach(), logp.grad
+
+        loss, grad = loss_of("token")
+        close(loss, 1.5416667)
+        close(grad, [[-0.1944444] * 3 + [0.0], [1.0625, 1.0625, 0.0, 0.0]])
+        # one weight per row (level="sequence": exp(log 0.5 + log 2 + log 1) = 1 and
+        # exp(log 4 + log 0.25) = 1): the arithmetic and geometric means agree, verl's 0.5
+        loss, _ = loss_of("sequence")
+        close(loss, 0.5)
 
     def test_matches_a_transcription_of_the_reference_code(self):
         # callsys/GMPO train_zero_math_gmpo.py, one sequence per micro-batch, losses averaged over

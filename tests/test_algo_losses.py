@@ -78,6 +78,30 @@ class TestRatioLevels:
         close(logp_s.grad, [[S0 / 3, S0 / 3, S0 / 3, 0.0], [0.0] * 4])
         close(logp_t.grad, [[S0, 0.0, 0.0, 0.0], [0.0] * 4])
 
+    @pytest.mark.parametrize("fill", [-math.inf, math.nan])
+    def test_nonfinite_padding_is_selected_away_before_the_ratio(self, fill):
+        # logp and old_logp both `fill` on padding: logp - old_logp is NaN there, and exp's
+        # derivative too, so selecting the ratio afterwards would still back-propagate
+        # 0 * nan = nan. Selected away first: token ratios exp(0.3) = 1.3498588,
+        # exp(-0.1) = 0.9048374, exp(0.4) = 1.4918247 and exp(0.1) = 1.1051709, exp(0) = 1 on
+        # padding; d(sum of real ratios)/dlogp = the ratio itself on real tokens, 0 on padding.
+        keep = MASK.bool()
+        old = torch.where(keep, torch.full(MASK.shape, LOG_HALF), fill)
+        tokens = [[1.3498588, 0.9048374, 1.4918247, 1.0], [1.1051709, 1.0, 1.0, 1.0]]
+        expected = {
+            "token": (tokens, [[1.3498588, 0.9048374, 1.4918247, 0.0], [1.1051709, 0.0, 0.0, 0.0]]),
+            # s_i on every position; d(sum_t s_i)/dlogp_t = |y_i| * s_i / |y_i| = s_i
+            "sequence": ([[S0] * 4, [S1] * 4], [[S0, S0, S0, 0.0], [S1, 0.0, 0.0, 0.0]]),
+            # gspo-token: the value s_i, the gradient s_i at each real token
+            "gspo-token": ([[S0] * 4, [S1] * 4], [[S0, S0, S0, 0.0], [S1, 0.0, 0.0, 0.0]]),
+        }
+        for level, (values, grad) in expected.items():
+            logp = torch.where(keep, old + LOG_RATIOS, fill).requires_grad_(True)
+            ratio = RATIO_LEVELS[level](logp, old, MASK)
+            close(ratio.detach(), values)
+            torch.where(keep, ratio, 0.0).sum().backward()
+            close(logp.grad, grad)
+
     def test_empty_row_ratio_is_one(self):
         logp = torch.full((1, 3), GARBAGE)
         old = torch.full((1, 3), -GARBAGE)

@@ -45,7 +45,13 @@ its clip range, whose meaning each surrogate states:
   the paper's range ``(e^-0.4, e^0.4)`` being ``epsilon_* = 0.4``). Needs
   ``ratio_level="token"`` (it builds its own sequence ratio). Deviation: the paper defines one
   advantage per sequence; ``[B, T]`` advantages (GAE, a rollout correction's weights folded in)
-  are first averaged over the row's tokens (verl's ``geo_mean`` does the same).
+  are first averaged *arithmetically* over the row's tokens, as verl's ``geo_mean`` averages
+  its advantages. Rollout-correction weights ``w_t`` therefore enter as their arithmetic mean,
+  where verl's ``geo_mean`` (``compute_policy_loss_geo_mean``) takes their *geometric* mean
+  apart from the advantage: rlvr ``L_i = -A_i * mean_t(w_t) * rho_i``, verl ``L_i = -A_i *
+  exp(mean_t log(w_t + 1e-10)) * rho_i``, means over the row's loss-mask tokens. They agree
+  when a row's weights are equal (``level="sequence"``: one weight per row); otherwise rlvr's
+  is the larger in magnitude (AM >= GM). See :func:`surrogate_gmpo`.
 
 The dual clip ``clip_ratio_c`` is PPO-clip's only: CISPO's weight is already capped and GMPO's
 paper has none, so the other surrogates refuse it (:func:`surrogate_conflicts`).
@@ -80,27 +86,39 @@ __all__ = [
 # ----------------------------------------------------------------------------- ratio levels
 
 
+def _on_tokens(values: Tensor, mask: Tensor, fill: float = 0.0) -> Tensor:
+    """``values`` where ``mask`` is nonzero, ``fill`` elsewhere (same shape as ``values``).
+
+    Every function here selects its inputs' padding away with this *before* its formula, never
+    after and never by multiplying: ``-inf`` or NaN log-probs on padding would give ``-inf * 0 =
+    nan`` values, and even a ``torch.where`` on the output back-propagates ``0 * nan = nan``
+    into the input wherever the formula's own derivative is NaN there (``exp(-inf - -inf)``).
+    Selected away first, the padding's gradient is exactly 0."""
+    return torch.where(mask.bool(), values, values.new_full((), fill))
+
+
 def ratio_token(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """Ratio level ``"token"``: ``exp(logp - old_logp)`` per token.
 
-    ``mask`` is accepted for the uniform signature and unused: padded positions must hold finite
-    log-probs (``policy_loss`` zeroes them first).
+    Padded positions (``mask == 0``) are selected away first, whatever they hold (``-inf``,
+    NaN): their ratio is ``exp(0) = 1`` and their gradient 0.
 
     Args:
         logp (Tensor): ``[B, T]`` current log-probs (with grad).
         old_logp (Tensor): ``[B, T]`` sampling log-probs (no grad).
-        mask (Tensor): ``[B, T]``, unused.
+        mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
 
     Returns:
-        Tensor: ``[B, T]`` ratios.
+        Tensor: ``[B, T]`` ratios, 1 on padding.
     """
-    del mask
-    return torch.exp(logp - old_logp)
+    return torch.exp(_on_tokens(logp, mask) - _on_tokens(old_logp, mask))
 
 
 def _sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
-    """``[B, 1]`` mean over each row's masked tokens of ``logp - old_logp`` (0 for an empty row)."""
-    return masked_mean(logp - old_logp, mask, dim=1).unsqueeze(-1)
+    """``[B, 1]`` mean over each row's masked tokens of ``logp - old_logp`` (divided by the
+    row's masked-token count; 0 for an empty row); padding selected away first."""
+    log_ratio = _on_tokens(logp, mask) - _on_tokens(old_logp, mask)
+    return masked_mean(log_ratio, mask, dim=1).unsqueeze(-1)
 
 
 def ratio_sequence(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -138,6 +156,7 @@ def ratio_gspo_token(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
         Tensor: ``[B, T]`` ratios, constant in value along each row.
     """
     log_s = _sequence_log_ratio(logp, old_logp, mask).detach()  # [B, 1]
+    logp = _on_tokens(logp, mask)  # -inf - -inf would be NaN in the bracket and its gradient
     return torch.exp(log_s + (logp - logp.detach()))  # the bracket is exactly 0 in value
 
 
@@ -215,14 +234,23 @@ def surrogate_ppo_clip(
     """Surrogate ``"ppo-clip"``: :func:`ratio_surrogate` of ``ratio`` (PPO-clip, optional dual
     clip). No reduction: one loss per token; the aggregation divides.
 
-    ``logp``, ``log_ratio`` and ``mask`` are accepted for the uniform signature of
-    :data:`SURROGATES` and unused.
+    ``logp`` and ``log_ratio`` are accepted for the uniform signature of :data:`SURROGATES`
+    and unused; ``mask`` selects the padding of ``ratio`` (to 1) and of ``[B, T]``
+    ``advantages`` (to 0) away first, so its loss there is finite and its gradient 0.
 
     Returns:
         tuple[Tensor, Tensor, Tensor]: see :func:`ratio_surrogate`.
     """
-    del logp, log_ratio, mask
+    del logp, log_ratio
+    ratio, advantages = _surrogate_inputs(ratio, advantages, mask)
     return ratio_surrogate(ratio, advantages, epsilon_low, epsilon_high, clip_ratio_c)
+
+
+def _surrogate_inputs(ratio: Tensor, advantages: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``ratio`` with 1 and ``[B, T]`` ``advantages`` with 0 on padding (``[B]`` unchanged)."""
+    if advantages.dim() == ratio.dim():
+        advantages = _on_tokens(advantages, mask)
+    return _on_tokens(ratio, mask, fill=1.0), advantages
 
 
 def surrogate_cispo(
@@ -249,9 +277,10 @@ def surrogate_cispo(
         ratio (Tensor): ``[B, T]`` importance ratios of the chosen level (their gradient is
             stopped).
         advantages (Tensor): ``[B]`` or ``[B, T]``.
-        logp (Tensor): ``[B, T]`` current log-probs (with grad; padding already 0).
+        logp (Tensor): ``[B, T]`` current log-probs (with grad).
         log_ratio (Tensor): unused (uniform signature).
-        mask (Tensor): unused (uniform signature).
+        mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding: the padding of
+            ``ratio``, ``logp`` and ``[B, T]`` ``advantages`` is selected away first.
         epsilon_low (float): weight floor ``1 - epsilon_low`` (1: no floor, MiniMax's choice).
         epsilon_high (float): weight cap ``1 + epsilon_high``.
         clip_ratio_c (float | None): must be ``None`` (``policy_loss`` refuses a dual clip).
@@ -262,7 +291,9 @@ def surrogate_cispo(
         whatever the advantage's sign: the token still has a gradient); all-False
         ``is_dual_clipped``.
     """
-    del log_ratio, mask, clip_ratio_c
+    del log_ratio, clip_ratio_c
+    ratio, advantages = _surrogate_inputs(ratio, advantages, mask)
+    logp = _on_tokens(logp, mask)
     advantages = _per_token(advantages, ratio)
     weight = torch.clamp(ratio.detach(), 1 - epsilon_low, 1 + epsilon_high)
     per_token_loss = -weight * advantages * logp
@@ -300,13 +331,26 @@ def surrogate_gmpo(
     ``|y_i|`` and divides by ``num_tokens``. The gradient is ``-A_i * rho_i / |y_i|`` per
     token whose clip is not active and 0 where it is.
 
+    With a rollout correction, ``corrected_advantages`` has folded each kept token's weight
+    ``w_t`` into its advantage (``A_i w_t``), so the row's mean advantage here is ``A_i *
+    (1 / |y_i|) sum_t w_t``: the weights' arithmetic mean over the row's kept tokens (dropped
+    tokens have left ``mask``), the correction every surrogate gets through its advantages.
+    verl's ``geo_mean`` differs: it multiplies ``L_i`` by the weights' geometric mean ``exp(sum_t
+    mask * log(w_t + 1e-10) / (sum_t mask + 1e-8))``. E.g. ``A_i = 1``, on policy (``rho_i =
+    1``), weights 0.5 and 2: rlvr ``L_i = -(0.5 + 2) / 2 = -1.25``, verl ``-sqrt(0.5 * 2) =
+    -1``. They agree when the row's weights are equal (``level="sequence"``). Two smaller
+    differences: verl clips each token by the sign of its own advantage (here the row mean's),
+    and averages ``L_i`` over the micro-batch's rows whatever its ``loss_agg_mode`` (here the
+    aggregation divides; ``"seq-mean-token-mean"`` is that mean).
+
     Args:
         ratio (Tensor): unused (uniform signature; ``policy_loss`` requires
             ``ratio_level="token"``).
         advantages (Tensor): ``[B]`` per-sequence; ``[B, T]`` is averaged over each row's
             masked tokens first (the paper has one advantage per sequence).
         logp (Tensor): unused (uniform signature).
-        log_ratio (Tensor): ``[B, T]`` ``logp - old_logp`` (with grad; padding already 0).
+        log_ratio (Tensor): ``[B, T]`` ``logp - old_logp`` (with grad; its padding is
+            selected away first).
         mask (Tensor): ``[B, T]``, 1 on completion tokens, 0 on padding.
         epsilon_low (float): log-ratio floor ``-epsilon_low`` for ``A < 0`` (paper: 0.4).
         epsilon_high (float): log-ratio cap ``+epsilon_high`` for ``A >= 0`` (paper: 0.4).
@@ -319,6 +363,7 @@ def surrogate_gmpo(
         all-False ``is_dual_clipped``.
     """
     del ratio, logp, clip_ratio_c
+    log_ratio = _on_tokens(log_ratio, mask)
     seq_adv = advantages if advantages.dim() == 1 else masked_mean(advantages, mask, dim=1)
     positive = (seq_adv >= 0).unsqueeze(-1)  # [B, 1]
     clipped = torch.where(
@@ -600,11 +645,11 @@ def ratio_spread(logp: Tensor, old_logp: Tensor, mask: Tensor) -> dict[str, floa
       (as ``policy/ratio_mean`` counts it), divided by the masked-token count.
 
     Their square roots are the RMS deviations from 1, the std when the mean ratio is 1
-    (on-policy). Padded positions of ``logp`` and ``old_logp`` must already be 0 (as in
-    :func:`policy_loss`). An empty mask gives 0 for both.
+    (on-policy). Padded positions of ``logp`` and ``old_logp`` are selected away, whatever
+    they hold. An empty mask gives 0 for both.
     """
     with torch.no_grad():
-        log_ratio = (logp - old_logp).detach().float()
+        log_ratio = _on_tokens(logp - old_logp, mask).detach().float()
         token = torch.exp(log_ratio)
         seq = torch.exp(masked_mean(log_ratio, mask, dim=1)).unsqueeze(-1).expand_as(token)
         token_dev = masked_mean((token - 1) ** 2, mask)
