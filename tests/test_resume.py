@@ -24,6 +24,11 @@ from tests.test_lab import TINY
 STEPS = 12
 ARGS = [*TINY, "--grpo.steps", str(STEPS), "--grpo.checkpoint-every", "1"]
 VOLATILE = ("time/", "throughput/")  # wall-clock measurements differ between runs
+LEARNS = ["--arithmetic.digits", "1", "--base.steps", "300", "--base.batch-size", "16"]
+LEARNS += ["--verifier", "weak"]
+"""Flags after `ARGS` for a run whose rewards vary within groups, so that every step updates
+the weights (the 4-step base of `TINY` writes no answer: rewards 0, nothing learnt): a
+300-step base of one-digit sums and the weak (substring) verifier. About 10 s of base."""
 
 
 def lab_args(tmp_path: Path, name: str) -> list[str]:
@@ -170,13 +175,14 @@ def test_a_kill_before_and_after_the_first_checkpoint_resumes_to_the_same_logs(t
     and sample and the final weights equal the uninterrupted run's (issue 23, finding 6)."""
 
     def args(name: str) -> list[str]:
-        flags = [*lab_args(tmp_path, name)[1:], "--grpo.steps", "6"]
+        flags = [*lab_args(tmp_path, name)[1:], *LEARNS, "--grpo.steps", "6"]
         return ["train", "dapo", *flags, "--grpo.checkpoint-every", "3"]
 
     main([*args("whole"), "--no-progress"])
     whole = tmp_path / "runs" / "whole"
     expected = stable(read_jsonl(whole / "metrics.jsonl"))
     assert [r["step"] for r in expected] == list(range(7))
+    assert sum(r.get("grad_norm", 0) > 0 for r in expected) >= 3  # the weights move
     expected_samples = read_jsonl(whole / "samples.jsonl")
     expected_weights = load_file(whole / "model" / "model.safetensors")
     for kill_after, checkpoint in ((1, None), (4, "step-000003")):
