@@ -77,6 +77,7 @@ class Learner:
         self.state, self.plan, self.agreement = state, plan, agreement
         self.chunk_tokens = 0 if state.sharded else plan.logprob_chunk_tokens
         self._warned = False
+        self._agreement_metrics: dict[str, float] = {}
 
     @property
     def policy(self) -> torch.nn.Module:
@@ -164,11 +165,12 @@ class Learner:
         optimizer steps when they disagree)."""
         state, plan = self.state, self.plan
         state.optimizer.zero_grad(set_to_none=True)
-        agreement = {}
+        if first_pass:  # the step's later passes report its first pass's value
+            self._agreement_metrics = {}
         with self._ranks("the policy update"):
             result = self._accumulate(data, work)
             if first_pass and self.agreement is not None and work.parts:
-                agreement = self._check_agreement(result.max_abs_log_ratio, work)
+                self._agreement_metrics = self._check_agreement(result.max_abs_log_ratio, work)
             timer.add("forward", result.forward_s)
             timer.add("backward", result.backward_s)
             with timer("optimizer"):
@@ -183,7 +185,7 @@ class Learner:
             "update/shared_prompts": float(work.shared_prompts),
             "update/rows_skipped_frac": 1.0 - work.carried / work.rows,
             "grad_norm": grad_norm.item(),
-            **agreement,
+            **self._agreement_metrics,
         }
         if not stepped:
             metrics["update/nonfinite"] = 1.0
