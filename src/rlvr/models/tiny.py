@@ -111,15 +111,10 @@ class ModelDirectoryError(UserError, FileNotFoundError):
     """A model directory that does not exist or is not a complete Hugging Face model."""
 
 
-def load_model(
-    directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-):
-    """Load (model, tokenizer) from a local Hugging Face directory onto `device` (weights in
-    `dtype`); never touches the Hub.
-
-    Raises `ModelDirectoryError` (a FileNotFoundError and a `UserError`) naming what is
-    missing when the directory does not exist or lacks a config, weights or a tokenizer.
-    """
+def check_model_dir(directory: str | Path) -> Path:
+    """`directory` as a Path if it holds a Hugging Face model's files (a config, weights and a
+    tokenizer), else a `ModelDirectoryError` naming what is missing; loads nothing, so entry
+    points call it before any work."""
     directory = Path(directory)
     if not directory.is_dir():
         raise ModelDirectoryError(f"model directory {directory} does not exist")
@@ -130,6 +125,19 @@ def load_model(
         raise ModelDirectoryError(f"{directory} has no weights (*.safetensors or *.bin)")
     if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
         raise ModelDirectoryError(f"{directory} has no tokenizer (tokenizer.json)")
+    return directory
+
+
+def load_model(
+    directory: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+):
+    """Load (model, tokenizer) from a local Hugging Face directory onto `device` (weights in
+    `dtype`); never touches the Hub.
+
+    Raises `ModelDirectoryError` (a FileNotFoundError and a `UserError`) naming what is
+    missing when the directory does not exist or lacks a config, weights or a tokenizer.
+    """
+    directory = check_model_dir(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
