@@ -2,11 +2,14 @@
 
 A seeded lab run is bit-identical on one machine with one lock of versions; on another CPU or
 another release, rounding differs, and at the lab's size that changes the trajectory. What a
-user can count on is the band over seeds. This runs `rlvr lab` with `--seed S --base.seed S`
-(a base model and an RL run of their own per seed) for each seed, one after another, and
+user can count on is the band over seeds. This runs `rlvr lab --seed S` (the RL run's seed:
+sampling and data order, on the lab's one base model) for each seed, one after another, and
 prints each held-out number's mean, min and max, and whether every seed reached greedy >= 0.95.
+`--vary both` also gives each seed a base model of its own (`--base.seed S`: other initial
+weights and another flawed corpus).
 
-    python benchmarks/lab_seeds.py --seeds 5 [--out runs/lab-seeds] [-- EXTRA LAB FLAGS]
+    python benchmarks/lab_seeds.py --seeds 5 [--vary rl|both] [--out runs/lab-seeds]
+        [-- EXTRA LAB FLAGS]
 
 Each run's directory is OUT/seed-S (summary.json there has the numbers and the environment);
 OUT/seeds.json gathers them.
@@ -27,9 +30,11 @@ KEYS = ("base_greedy_acc", "final_greedy_acc", "base_sampled_acc", "final_sample
 BAR = 0.95  # the README's promise: every seed ends at held-out greedy >= this
 
 
-def run_seed(seed: int, out: Path, extra: list[str]) -> dict:
-    """`rlvr lab` at `seed` (the RL run's and the base model's) into OUT/seed-SEED."""
-    flags = ["--seed", str(seed), "--base.seed", str(seed), "--run-name", f"seed-{seed}"]
+def run_seed(seed: int, out: Path, vary: str, extra: list[str]) -> dict:
+    """`rlvr lab` at `seed` (the RL run's; the base model's too when `vary` is "both") into
+    OUT/seed-SEED."""
+    flags = ["--seed", str(seed), "--run-name", f"seed-{seed}"]
+    flags += ["--base.seed", str(seed)] if vary == "both" else []
     flags += ["--runs-dir", str(out), "--cache-dir", str(out / "cache"), "--no-progress"]
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
     t0 = time.perf_counter()
@@ -54,6 +59,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0 .. N-1")
+    parser.add_argument("--vary", choices=("rl", "both"), default="rl")
     parser.add_argument("--out", default="runs/lab-seeds")
     parser.add_argument("extra", nargs="*", help="more `rlvr lab` flags (after --)")
     args = parser.parse_args()
@@ -61,7 +67,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for seed in range(args.seeds):
-        rows.append(run_seed(seed, out, args.extra))
+        rows.append(run_seed(seed, out, args.vary, args.extra))
         print(f"seed {seed}: " + ", ".join(f"{k} {rows[-1][k]:.3f}" for k in KEYS), flush=True)
     summary = json.loads((out / "seed-0" / "summary.json").read_text())
     (out / "seeds.json").write_text(
