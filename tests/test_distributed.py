@@ -7,11 +7,15 @@ one process. The ranks meet on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from rlvr.models.logprobs import completion_logprobs
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from rlvr.report.run_dir import RunDirectory
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch, rollout_batch
 from rlvr.train.checkpoint import (
@@ -32,12 +37,14 @@ from rlvr.train.config import GRPOConfig, build_plan
 from rlvr.train.distributed import (
     DistContext,
     all_reduce_sum,
+    barrier,
     destroy,
     full_state_dict,
     full_tensor,
     init_distributed,
     single_process,
 )
+from rlvr.train.grpo import _resume_or_evaluate
 from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.state import TrainState, build_state
 from rlvr.workers import WorkerError
@@ -214,6 +221,34 @@ def _after_step(learner: Learner, state: TrainState) -> tuple:
     return weights, _full_optimizer_state(state), state.scheduler.get_last_lr()
 
 
+def _chosen_checkpoint_case(ctx: DistContext, out: Path) -> int:
+    """A resume where rank 1 is pointed at an empty checkpoints directory and rank 0 at the one
+    `_resume_case` wrote: every rank loads rank 0's newest (ranks that each listed their own
+    could load different steps, then wait for each other's collectives until the timeout:
+    issue 28). The step every rank resumes from."""
+    config = GRPOConfig(max_new_tokens=7, group_size=2, beta=0.1, micro_batch_tokens=40)
+    state = build_state(
+        _model(3), seed=3, lr=1e-2, reference=True, critic_lr=1e-2, dist_ctx=ctx
+    )  # fmt: skip
+    learner = Learner(state, build_plan(config, ctx.world_size))
+    rollout = SimpleNamespace(skip=lambda n: None, sync=lambda learner: learner.state_dict())
+    trainer = SimpleNamespace(state=state, learner=learner, rollout=rollout)
+    run = RunDirectory(out, "chosen", resume=True) if ctx.is_main else None
+    listed = out / "checkpoints" if ctx.is_main else out / "no-checkpoints"
+    _resume_or_evaluate(trainer, state.policy, run, lambda m: {}, listed, {}, ctx.is_main)
+    return state.step
+
+
+def _barrier_lines(ctx: DistContext) -> str:
+    """What a rank prints while it waits at a barrier that rank 0 reaches 1 s late."""
+    printed = io.StringIO()
+    with contextlib.redirect_stderr(printed):
+        if ctx.is_main:
+            time.sleep(1.0)
+        barrier(ctx, "a test's barrier", heartbeat_s=0.3)
+    return printed.getvalue()
+
+
 def _rank(rank: int, port: int, out: str) -> None:
     """One rank: join the group as torchrun would set it up, run every case, write results."""
     os.environ.update(
@@ -229,6 +264,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     results = {name: _update_case(name, ctx) for name in UPDATE_CASES}
     results["critic"] = _critic_case(ctx)
     results["resume"] = _resume_case(ctx, Path(out) / "checkpoints")
+    results["chosen_step"] = _chosen_checkpoint_case(ctx, Path(out))
+    results["barrier"] = _barrier_lines(ctx)
     results["sum"] = all_reduce_sum({"x": float(rank + 1)}, ctx)
     torch.save(results, Path(out) / f"rank{rank}.pt")
     if rank == 1:  # lost: rank 0's next collective must raise, naming it
@@ -316,6 +353,19 @@ def test_two_rank_resume_equals_the_uninterrupted_run(ranks):
     state = build_state(_model(), seed=0, lr=1e-2, reference=True, critic_lr=1e-2)
     with pytest.raises(CheckpointError, match="saved by 2 torch.distributed rank"):
         load_checkpoint(checkpoint, state)  # one process cannot resume a 2-rank checkpoint
+
+
+def test_every_rank_resumes_from_the_checkpoint_rank_0_chose(ranks):
+    assert [_load(ranks, r)["chosen_step"] for r in range(WORLD)] == [2, 2]
+
+
+def test_a_waiting_barrier_says_what_it_waits_for(ranks):
+    assert _load(ranks, 0)["barrier"] == ""  # the last to arrive does not wait
+    lines = _load(ranks, 1)["barrier"].splitlines()
+    assert len(lines) >= 2, lines  # 1 s of waiting, a line every 0.3 s
+    assert all(
+        line.startswith("[rlvr] rank 1 waiting for rank 0 at a test's barrier (") for line in lines
+    )
 
 
 def test_metrics_are_summed_and_a_lost_rank_is_a_worker_error(ranks):

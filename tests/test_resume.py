@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from rlvr.cli import main
 from rlvr.config import UserError
 from rlvr.pipelines.lab import LabConfig, run_lab
-from rlvr.report.run_dir import read_jsonl
+from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.train.checkpoint import latest_checkpoint
 from tests.test_cli import cli_error
 from tests.test_lab import TINY
@@ -120,6 +120,14 @@ def test_resume_takes_the_saved_config_and_refuses_other_flags(tmp_path, capsys)
     assert stable(read_jsonl(run / "metrics.jsonl")) == stable(before)
     with pytest.raises(UserError, match="refused: seed"):
         run_lab(LabConfig(resume=str(run), seed=5))
+    # a run directory another live process writes (here: this one, through another handle) is
+    # refused before anything is written, and free again once that process lets it go
+    holder = RunDirectory(run.parent, run.name, resume=True, claim=True)
+    message = cli_error(["train", "--resume", str(run), "--no-progress"], capsys)
+    assert f"{run} is in use by a live process (pid {os.getpid()}); let it finish" in message
+    assert stable(read_jsonl(run / "metrics.jsonl")) == stable(before)
+    holder.close()
+    main(["train", "--resume", str(run), "--no-progress"])
 
 
 def test_nonfinite_updates_are_skipped_then_stop_the_run(tmp_path, monkeypatch):

@@ -17,16 +17,29 @@ collective at once ("Connection reset by peer"); one whose peer hangs gets it af
 the collectives here turn both into `WorkerError` naming the other rank(s). With NCCL the
 watchdog aborts the process on a timeout. torchrun itself, when any rank exits with an error,
 stops the others (SIGTERM) and exits non-zero naming the failed rank and its exit code; it
-restarts nothing unless `--max-restarts` says so.
+restarts nothing unless `--max-restarts` says so. A barrier (`barrier`: the end of the run, a
+checkpoint's end, rank 0 making the base model) says every `heartbeat_s` what it waits for.
+
+A lost launcher ends its ranks. torchrun starts every rank in a session of its own, so a
+SIGKILL of the launcher's process group (a killed job, `kill -9 -PGID`) does not reach them:
+they used to go on training as orphans, writing checkpoints, logs and the model into the run
+directory, while a `--resume` of the same run read and wrote it too (issue 28: a resumed run
+whose ranks loaded different checkpoints, ended with other weights and then hung).
+`init_distributed` therefore has the kernel SIGKILL each rank started by torchrun when its
+launcher dies (`die_with_parent`, Linux).
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
 import datetime
 import os
 import re
+import signal
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +60,11 @@ _LOST = re.compile(
     re.IGNORECASE,
 )
 """Words of the errors gloo and NCCL raise when a peer died or stopped answering."""
+
+HEARTBEAT_S = 60.0
+"""Seconds between the `[rlvr] rank R waiting for ...` lines of a barrier that waits."""
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -99,6 +117,8 @@ def init_distributed(device: torch.device, timeout_s: float) -> DistContext:
             f"{', '.join(missing)} missing (start the ranks with torchrun)"
         )
     rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: go when it goes
+        die_with_parent()
     backend = "nccl" if device.type == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(local)
@@ -112,6 +132,24 @@ def init_distributed(device: torch.device, timeout_s: float) -> DistContext:
             device_id=device if backend == "nccl" else None,
         )
     return DistContext(rank, world, local, device, backend)
+
+
+def die_with_parent() -> bool:
+    """Have the kernel SIGKILL this process when its parent (torchrun's launcher, which starts
+    each rank in a session of its own) dies; if it died already, exit now. True when set
+    (Linux); False elsewhere, where a killed launcher can still leave its ranks running.
+
+    The signal follows the thread that started this process: torch's elastic agent starts
+    its ranks from its main thread, which lives as long as the launcher."""
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return False
+    if os.getppid() == 1:  # the launcher died before the call: nothing would signal us
+        print("[rlvr] the torchrun launcher is gone: this rank stops", file=sys.stderr)
+        os._exit(1)
+    return True
 
 
 def destroy() -> None:
@@ -175,11 +213,26 @@ def broadcast_object(obj: Any, ctx: DistContext, src: int = 0) -> Any:
     return box[0]
 
 
-def barrier(ctx: DistContext, what: str) -> None:
-    """Wait until every rank gets here (`what` names the place for the error of a lost rank)."""
-    if ctx.sharded:
-        with lost_rank_as_error(ctx, what):
-            dist.barrier()
+def barrier(ctx: DistContext, what: str, heartbeat_s: float = HEARTBEAT_S) -> None:
+    """Wait until every rank gets here, at most the process group's timeout (then a
+    `WorkerError` naming the other ranks and `what`, the place); every `heartbeat_s` seconds
+    of waiting a `[rlvr] rank R waiting for ... at WHAT (N s)` line on stderr."""
+    if not ctx.sharded:
+        return
+    with lost_rank_as_error(ctx, what):
+        work = dist.barrier(async_op=True)
+        start = next_line = time.perf_counter()
+        while not work.is_completed():
+            time.sleep(0.01)
+            if (now := time.perf_counter()) - next_line >= heartbeat_s:
+                next_line = now
+                print(
+                    f"[rlvr] rank {ctx.rank} waiting for {ctx.peers()} at {what} "
+                    f"({now - start:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        work.wait()  # raises what the barrier failed with (a lost rank, the timeout)
 
 
 @contextlib.contextmanager

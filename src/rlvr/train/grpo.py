@@ -45,7 +45,13 @@ from rlvr.train.checkpoint import (
     save_checkpoint,
 )
 from rlvr.train.config import GRPOConfig, StepPlan, build_plan
-from rlvr.train.distributed import DistContext, all_ranks_agree, rollout_copy, single_process
+from rlvr.train.distributed import (
+    DistContext,
+    all_ranks_agree,
+    broadcast_object,
+    rollout_copy,
+    single_process,
+)
 from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.monitor import HackingMonitor, ZeroRewardWatch, sample_records
 from rlvr.train.rollouts import AsyncRollout, BroadcastRollout, Rollout
@@ -413,8 +419,11 @@ def _resume_or_evaluate(
     the caller has it already, else `evaluate(model)`. Returns that evaluation. A resumed run
     with no checkpoint yet (killed before its first) restarts from nothing: the logs the dead
     run wrote are emptied first, as its trackers start afresh. Only the `main` process logs
-    and evaluates; every process loads."""
-    latest = latest_checkpoint(checkpoints) if checkpoints is not None else None
+    and evaluates; every process loads, the checkpoint the main one chose (ranks that each
+    listed the directory could see different newest ones, and train from different steps)."""
+    latest = latest_checkpoint(checkpoints) if checkpoints is not None and main else None
+    if t.state.dist_ctx is not None:
+        latest = broadcast_object(latest, t.state.dist_ctx)
     if latest is not None:
         load_checkpoint(latest, t.state)
         t.rollout.skip(t.state.data_position)
