@@ -73,7 +73,7 @@ def test_malformed_pipeline_yaml(tmp_path, capsys, no_debug):
 
 def test_missing_model_directory(tmp_path, capsys, no_debug):
     message = cli_error(["eval", "--model", str(tmp_path / "nope")], capsys)
-    assert message == f"model directory {tmp_path / 'nope'} does not exist"
+    assert message == f"--model: model directory {tmp_path / 'nope'} does not exist"
 
 
 def test_run_directory_exists(tmp_path, capsys, no_debug):

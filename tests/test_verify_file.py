@@ -34,11 +34,13 @@ def test_weak_verifier_pays_for_a_hedge(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["mean_reward"] == 1.0
 
 
-def test_malformed_lines_name_their_line(tmp_path):
+def test_malformed_lines_name_their_line(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"completion": "#### 1", "answer": "1"}\n{"completion": \n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: not valid JSON"):
+    with pytest.raises(SystemExit, match="2"):
         main(["verify", "--file", str(path)])
+    assert "bad.jsonl:2: not valid JSON" in capsys.readouterr().err
     path.write_text('{"completion": "#### 1"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: missing field\(s\) \['answer'\]"):
+    with pytest.raises(SystemExit, match="2"):
         main(["verify", "--file", str(path)])
+    assert "bad.jsonl:1: missing field(s) ['answer']" in capsys.readouterr().err

@@ -8,10 +8,14 @@ import os
 # another process ran ten times slower per step (measured); passive waiting avoids that.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, TypeVar  # noqa: E402
 
 import tyro  # noqa: E402
 
@@ -24,6 +28,8 @@ from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
 from rlvr.tasks.reasoning import ReasoningTaskConfig  # noqa: E402
 from rlvr.train.config import GRPOConfig  # noqa: E402
 from rlvr.workers import WorkerError  # noqa: E402
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -210,18 +216,16 @@ def compare(config: CompareConfig) -> None:
     """`rlvr compare`: one child process running the lab per recipe, then one figure and one
     table."""
     from rlvr.pipelines.compare import compare_recipes
-    from rlvr.train.recipes import recipe_config
+    from rlvr.pipelines.lab import resolve
 
     recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
-    for recipe in recipes:
-        recipe_config(recipe)  # an unknown name is refused before the first child starts
+    for recipe in recipes:  # an unknown name or impossible setting: before the first child
+        resolve(dataclasses.replace(config.train, recipe=recipe))
     compare_recipes(recipes, config.train, config.name)
 
 
 def lab(config: LabConfig) -> None:
     """`rlvr lab` / `rlvr train [RECIPE]`: the lab (`run_lab` resolves the config first)."""
-    if config.resume is not None:
-        print(f"[rlvr] resuming {config.resume} with its saved config.yaml")
     run_lab(config)
 
 
@@ -235,47 +239,84 @@ def recipes(config: RecipesConfig) -> None:
     elif config.action == "show" and config.name:
         print(describe_recipe(config.name))
     else:
-        raise SystemExit("usage: rlvr recipes [list | show NAME]")
+        raise UserError("usage: rlvr recipes [list | show NAME]")
 
 
 def evaluate(config: EvalConfig) -> None:
     """`rlvr eval`: print a model's held-out accuracy (or its thinking-budget curve)."""
     from rlvr.devices import on_device, resolve_precision
     from rlvr.models.tiny import load_model
-    from rlvr.pipelines.common import user_task
+    from rlvr.pipelines.common import model_flag, user_task
+
+    budgets = check_eval_config(config)
+    precision = resolve_precision(config.device, config.dtype)
+    task = user_task(config.task, config.arithmetic, config.reasoning, columns=config.columns)
+    rows = _eval_rows(config, task)  # a file's rows read (and checked) before the model loads
+    model_flag(config.model)
+    model, tokenizer = load_model(config.model, device=precision.device)
+    with on_device(precision):
+        if budgets is not None:
+            _thinking_budget(config, model, tokenizer, rows, task, budgets)
+        else:
+            _evaluate(config, model, tokenizer, task, rows)
+
+
+def check_eval_config(config: EvalConfig) -> list[int | None] | None:
+    """Refuse `rlvr eval`'s impossible settings before anything loads (a `ConfigError` naming
+    the flag); returns the --thinking-budget budgets (None without one)."""
+    from rlvr.tasks.reasoning import MODES
 
     if config.num_samples < 1:
         raise ConfigError(f"--num-samples must be at least 1, got {config.num_samples}")
+    if config.temperature < 0:
+        raise ConfigError(f"--temperature must be >= 0 (0 is greedy), got {config.temperature}")
     if config.num_samples > 1 and config.temperature == 0:
         raise ConfigError(
             f"--num-samples {config.num_samples} with greedy decoding repeats one completion; "
             "pass --temperature above 0 (e.g. 1.0) to sample"
         )
-    precision = resolve_precision(config.device, config.dtype)
-    task = user_task(config.task, config.arithmetic, config.reasoning, columns=config.columns)
-    model, tokenizer = load_model(config.model, device=precision.device)
-    with on_device(precision):
-        _evaluate(config, model, tokenizer, task)
+    if config.few_shot < 0:
+        raise ConfigError(f"--few-shot must be >= 0, got {config.few_shot}")
+    if config.mode not in MODES:
+        raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {config.mode!r}")
+    if config.thinking_budget is None:
+        return None
+    if config.task != "reasoning":
+        raise ConfigError("--thinking-budget needs --task reasoning (a <think> task)")
+    try:
+        return [
+            None if b.strip().lower() == "none" else int(b)
+            for b in config.thinking_budget.split(",")
+        ]
+    except ValueError:
+        raise ConfigError(
+            f"--thinking-budget expects numbers and 'none' separated by commas, got "
+            f"{config.thinking_budget!r}"
+        ) from None
 
 
-def _evaluate(config: EvalConfig, model, tokenizer, task) -> None:
-    """`rlvr eval` once the model is loaded."""
-    from rlvr.models.chat import format_rows
-    from rlvr.pipelines.common import few_shot_examples
-    from rlvr.report.stats import sample_metrics
+def _eval_rows(config: EvalConfig, task) -> list[dict]:
+    """The rows `rlvr eval` grades: the task's held-out rows, or every row of a dataset file
+    (a file given to an evaluation is a test set), in --mode for the reasoning task."""
     from rlvr.tasks.dataset_files import all_rows, is_data_file
-    from rlvr.train.evaluate import held_out_samples
 
     rows = task.held_out_rows()
-    if is_data_file(config.task):  # a file given to an evaluation is a test set: all of it
+    if is_data_file(config.task):
         rows = all_rows(config.task, config.columns)
     if config.task == "reasoning":
         from rlvr.tasks.reasoning import set_mode
 
         rows = [{**r, "prompt": set_mode(r["prompt"], config.mode)} for r in rows]
-    if config.thinking_budget is not None:
-        _thinking_budget(config, model, tokenizer, rows, task)
-        return
+    return rows
+
+
+def _evaluate(config: EvalConfig, model, tokenizer, task, rows: list[dict]) -> None:
+    """`rlvr eval` once the model is loaded: accuracy, mean@n and pass@k on `rows`."""
+    from rlvr.models.chat import format_rows
+    from rlvr.pipelines.common import few_shot_examples
+    from rlvr.report.stats import sample_metrics
+    from rlvr.train.evaluate import held_out_samples
+
     examples = few_shot_examples(task, config.few_shot)
     rows = format_rows(tokenizer, rows, config.chat_template, config.system_prompt, examples)
     samples = held_out_samples(
@@ -320,25 +361,15 @@ def _pass_ks(n: int) -> list[int]:
     return sorted({1, n, *(2**i for i in range(1, n.bit_length()) if 2**i < n)})
 
 
-def _thinking_budget(config: EvalConfig, model, tokenizer, rows, task) -> None:
+def _thinking_budget(
+    config: EvalConfig, model, tokenizer, rows, task, budgets: list[int | None]
+) -> None:
     """`rlvr eval --thinking-budget`: print the curve's table, write its figure and json."""
     from pathlib import Path
 
     from rlvr.report.plots import format_table, plot_thinking_budget
     from rlvr.train.evaluate import thinking_budget_curve
 
-    if config.task != "reasoning":
-        raise SystemExit("rlvr eval: --thinking-budget needs --task reasoning (a <think> task)")
-    try:
-        budgets = [
-            None if b.strip().lower() == "none" else int(b)
-            for b in config.thinking_budget.split(",")
-        ]
-    except ValueError:
-        raise SystemExit(
-            f"rlvr eval: --thinking-budget expects numbers and 'none' separated by commas, got "
-            f"{config.thinking_budget!r}"
-        ) from None
     curve = thinking_budget_curve(
         model,
         tokenizer,
@@ -393,11 +424,18 @@ def dpo(config: DPOConfig) -> None:
 
 def verify(config: VerifyConfig) -> None:
     """`rlvr verify`: grade one completion or a JSONL file and print why."""
-    from rlvr.verifiers.files import grade_file, grade_one
+    from rlvr.verifiers.files import REFERENCE_FIELD, grade_file, grade_one
 
+    check_verify_config(config, REFERENCE_FIELD)
     if config.file is not None:
-        print(json.dumps(grade_file(config.file, config.verifier), indent=2))
-    elif config.completion is not None:
+        try:
+            summary = grade_file(config.file, config.verifier)
+        except OSError as exc:
+            raise UserError(f"{config.file}: cannot read the file ({exc.strerror})") from None
+        except ValueError as exc:  # a malformed line, named by its number
+            raise UserError(str(exc)) from None
+        print(json.dumps(summary, indent=2))
+    else:
         reward, parts = grade_one(
             config.verifier,
             config.completion,
@@ -410,8 +448,22 @@ def verify(config: VerifyConfig) -> None:
         print(json.dumps({"reward": reward, **parts}))
         if why:
             print(why)
-    else:
-        raise SystemExit("rlvr verify: pass --file FILE.jsonl, or --completion and --answer")
+
+
+def check_verify_config(config: VerifyConfig, verifiers: dict[str, str | None]) -> None:
+    """Refuse an unknown --verifier and a call with nothing (or two things) to grade;
+    `verifiers` maps each verifier to its reference field (None: it takes none)."""
+    if config.verifier not in verifiers:
+        raise ConfigError(
+            f"--verifier: unknown verifier {config.verifier!r}; choose one of "
+            f"{', '.join(sorted(verifiers))}"
+        )
+    if config.file is not None and config.completion is not None:
+        raise ConfigError("pass --file FILE.jsonl or --completion TEXT, not both")
+    if config.file is None and config.completion is None:
+        raise ConfigError("pass --file FILE.jsonl, or --completion TEXT and --answer REFERENCE")
+    if config.completion is not None and config.answer is None and verifiers[config.verifier]:
+        raise ConfigError(f"--verifier {config.verifier} needs --answer, the reference")
 
 
 TRAIN_USAGE = """rlvr train [RECIPE] [--grpo.* ...] [--set KEY=VALUE ...]
@@ -425,7 +477,11 @@ COMMANDS = {
     "recipes": (recipes, RecipesConfig, "List the named recipes, or show one's switches."),
     "compare": (compare, CompareConfig, "Run several recipes side by side: one figure, one table."),
     "eval": (evaluate, EvalConfig, "Held-out accuracy of a local model."),
-    "verify": (verify, VerifyConfig, "Grade one completion with the strict math verifier."),
+    "verify": (
+        verify,
+        VerifyConfig,
+        "Grade a completion or a JSONL file with a verifier (math, code, tool, format, weak_math).",
+    ),
     "dpo": (dpo, DPOConfig, "DPO (or IPO) on (correct, wrong) pairs of the model's own samples."),
     "check-loss": (
         check_loss,
@@ -485,11 +541,59 @@ def _run_command(argv: list[str]) -> None:
     args, prog = argv[1:], f"rlvr {argv[0]}"
     if config_type is RecipesConfig:  # positional form: rlvr recipes show NAME
         config = RecipesConfig(*args[:2]) if args and not args[0].startswith("-") else None
-        run(config or tyro.cli(RecipesConfig, args=args, prog=prog))
+        run(config or parse_args(RecipesConfig, args, prog))
     elif config_type is LabConfig:
         run(parse_lab(args, prog))
     else:
-        run(tyro.cli(config_type, args=args, prog=prog, description=text))
+        run(parse_args(config_type, args, prog, description=text))
+
+
+def parse_args(config_type: type[T], args: list[str], prog: str, **options: Any) -> T:
+    """`tyro.cli(config_type, args=args, prog=prog, **options)`, with a parse error (a value
+    of the wrong type, an unknown or missing flag) as one `UserError` line instead of tyro's
+    box: its message and `see PROG --help`. --help still prints and exits 0."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            config = tyro.cli(config_type, args=args, prog=prog, **options)
+    except SystemExit as exc:
+        if exc.code in (0, None):  # --help
+            sys.stderr.write(captured.getvalue())
+            raise
+        message = tyro_error_message(captured.getvalue())
+        raise UserError(f"{message} (see {prog} --help)") from None
+    sys.stderr.write(captured.getvalue())  # tyro's warnings, if any
+    return config
+
+
+_RULE = re.compile(r"^[-\u2500]+$")  # a box's horizontal rule, plain or drawn
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_BOX_EDGES = " \u2502\u256d\u256e\u2570\u256f"
+
+
+def tyro_error_message(text: str) -> str:
+    """The message of a tyro error box on one line: the section under its title (`Error
+    parsing --grpo.lr: could not convert string to float: 'abc'`), re-joined where the box
+    wrapped it; for missing required flags, the flags (`Missing from rlvr eval: --model
+    STR`); and the flags of a "Perhaps you meant" section. Plain and drawn boxes alike."""
+    sections: list[list[str]] = [[]]
+    for line in _ANSI.sub("", text).splitlines():
+        top = line.lstrip().startswith("\u256d")  # a drawn box's title is in its top edge
+        line = line.strip(_BOX_EDGES)
+        if _RULE.match(line):
+            sections.append([])
+        elif line.strip("\u2500 "):
+            sections[-1].append(line.strip("\u2500 "))
+        if top:
+            sections.append([])
+    title, body, *rest = sections + [[], []]
+    if title == ["Required options"]:
+        body = body[:1] + [line for line in body if line.startswith("-")]
+    message = " ".join(body or title) or "could not parse the command line"
+    for section in rest:
+        if section and section[0].startswith("Perhaps you meant"):
+            message += "; perhaps you meant " + ", ".join(s for s in section if s[0] == "-")
+    return message
 
 
 def _usage(argv: list[str]) -> None:
@@ -523,12 +627,8 @@ def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
     recipe = args[0] if args and not args[0].startswith("-") else None
     default = recipe_lab_config(recipe) if recipe else LabConfig()
     description = TRAIN_USAGE.format(recipes=", ".join(RECIPES))
-    config = tyro.cli(
-        LabConfig,
-        args=args[1:] if recipe else args,
-        prog=prog,
-        description=description,
-        default=default,
+    config = parse_args(
+        LabConfig, args[1:] if recipe else args, prog, description=description, default=default
     )
     if recipe is None:
         return config

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlvr.config import ConfigError
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.sft import train_next_token
@@ -40,6 +41,28 @@ class BaseConfig:
     """Peak AdamW learning rate (warm-up then cosine decay to a tenth)."""
     seed: int = 0
     """Seed of the initial weights and the corpus."""
+
+
+def check_base(task: TaskSpec, base: BaseConfig, prefix: str = "--base.") -> None:
+    """Refuse a base model that cannot be trained, before anything is built or written: a
+    setting of `base` out of range (a `ConfigError` naming it as `prefix` + the field, as a
+    flag when `prefix` is one: `--base.batch-size`), or a task with no corpus to train on (a
+    dataset file without solutions; its corpus's first pair is drawn, cheap for every task)."""
+    bounds = [
+        ("steps", base.steps >= 1, ">= 1"),
+        ("batch_size", base.batch_size >= 1, ">= 1"),
+        ("lr", base.lr > 0, "> 0"),
+        ("flaw_prob", 0 <= base.flaw_prob <= 1, "in [0, 1]"),
+        ("hedge_prob", base.hedge_prob is None or 0 <= base.hedge_prob <= 1, "in [0, 1]"),
+    ]
+    for name, ok, bound in bounds:
+        if not ok:
+            shown = name.replace("_", "-") if prefix.startswith("--") else name
+            raise ConfigError(f"{prefix}{shown} must be {bound}, got {getattr(base, name)}")
+    try:
+        next(iter(task.corpus(base.seed, base.flaw_prob)))
+    except ValueError as exc:  # the task's refusal, which names its file and what to pass
+        raise ConfigError(str(exc)) from None
 
 
 def cache_root(cache_dir: str | None) -> Path:
@@ -156,9 +179,9 @@ def train_cached_base(
     everything that determines the weights)."""
     if (directory / "config.json").exists():
         return True
+    corpus = task.corpus(seed, flaw_prob)  # a task without one refuses before the model
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(shape, tokenizer, seed=seed)
-    corpus = task.corpus(seed, flaw_prob)
     train_next_token(
         model, tokenizer, corpus, steps=steps, batch_size=batch_size, lr=lr, progress=progress
     )

@@ -14,7 +14,7 @@ import torch
 
 from rlvr.config import ConfigError, UserError
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
-from rlvr.models.tiny import save_model
+from rlvr.models.tiny import ModelDirectoryError, check_model_dir, save_model
 from rlvr.tasks.registry import build_task
 from rlvr.tasks.spec import TaskSpec
 
@@ -53,6 +53,15 @@ def user_task(name: str, *args: Any, **kwargs: Any) -> TaskSpec:
         raise
     except ValueError as exc:
         raise TaskError(str(exc)) from exc
+
+
+def model_flag(directory: str | Path, flag: str = "--model", hint: str = "") -> Path:
+    """`directory` if it holds a model (`check_model_dir`: files only, nothing loaded), else
+    a `ConfigError` naming `flag` and what is missing, then `hint` (e.g. another choice)."""
+    try:
+        return check_model_dir(directory)
+    except ModelDirectoryError as exc:
+        raise ConfigError(f"{flag}: {exc}{hint}") from None
 
 
 def with_lora(model: torch.nn.Module, lora: LoRAConfig, seed: int) -> torch.nn.Module:

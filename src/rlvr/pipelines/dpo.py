@@ -37,8 +37,8 @@ import torch
 from rlvr.config import ConfigError, read_yaml, to_dict
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig, load_model, save_model
-from rlvr.pipelines.base_model import BaseConfig
-from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, user_task
+from rlvr.pipelines.base_model import BaseConfig, check_base
+from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, model_flag, user_task
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.report.stats import format_interval, wilson_interval
 from rlvr.tasks.arithmetic import ANSWER_MARKER, ArithmeticTaskConfig
@@ -179,11 +179,10 @@ def run_dpo(config: DPOConfig) -> Path:
 def _model_dir(config: DPOConfig, task: TaskSpec) -> Path:
     """`config.model`, or the lab's cached base of `config.task` (trained if not cached)."""
     if config.model != "lab":
-        if not Path(config.model).is_dir():
-            raise ConfigError(f"--model {config.model!r} is not a directory (or use: lab)")
-        return Path(config.model)
+        return model_flag(config.model, hint=" (or --model lab: the lab's base)")
     from rlvr.pipelines.lab import LabConfig, build_base_model  # the lab's import is heavy
 
+    check_base(task, config.base)
     lab = LabConfig(
         task=config.task,
         arithmetic=config.arithmetic,

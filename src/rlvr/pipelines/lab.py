@@ -21,9 +21,16 @@ from typing import Annotated, Any
 
 import torch
 import tyro
-import yaml
 
-from rlvr.config import ConfigError, UserError, apply_overrides, from_dict, to_dict, warn
+from rlvr.config import (
+    ConfigError,
+    UserError,
+    apply_overrides,
+    from_dict,
+    read_yaml,
+    to_dict,
+    warn,
+)
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, has_chat_template
 from rlvr.models.lora import LoRAConfig
@@ -32,11 +39,13 @@ from rlvr.pipelines.base_model import (
     BaseConfig,
     base_model_dir,
     cached_base_model,
+    check_base,
     resolved_hedge_prob,
 )
 from rlvr.pipelines.common import (
     TRAIN_ROWS_SEED_OFFSET,
     few_shot_examples,
+    model_flag,
     save_policy,
     user_task,
     with_lora,
@@ -47,7 +56,7 @@ from rlvr.pipelines.engines import (
     check_placement,
     close_engine,
 )
-from rlvr.report.loggers import open_loggers, parse_report_to
+from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.stats import format_interval, wilson_interval
@@ -181,8 +190,10 @@ def resolve(config: LabConfig) -> LabConfig:
        (`apply_recipe`). `LabConfig(recipe="dapo")` is `rlvr train dapo`.
     3. `set`: the `key=value` overrides, applied last and type-checked, then cleared.
     4. `grpo.max_new_tokens` None becomes the task's budget.
-    5. Checked before any model loads: the GRPO switches (`check_grpo_config`, the one
-       validator), the budget against the task's longest answer, the verifier.
+    5. Checked before anything is written or loaded (`_check`): the GRPO switches
+       (`check_grpo_config`, the one validator), the budget against the task's longest
+       answer, the verifier, the trackers, the lab's own numbers, the model directory (or,
+       without one, the base's settings and the task's corpus to train it on).
 
     User mistakes raise `rlvr.config.UserError` subclasses naming what to change.
     """
@@ -205,8 +216,19 @@ def _resolve(config: LabConfig) -> tuple[LabConfig, TaskSpec]:
 
 
 def _check(config: LabConfig, task: TaskSpec) -> None:
-    """Refuse impossible settings before any model loads, as `ConfigError`s."""
-    parse_report_to(config.report_to)
+    """Refuse impossible settings before anything is written or loaded, as `UserError`s."""
+    check_installed(parse_report_to(config.report_to))
+    for flag, value, least in (
+        ("--threads", config.threads, 1),
+        ("--few-shot", config.few_shot, 0),
+        ("--eval-samples", config.eval_samples, 1),
+    ):
+        if value < least:
+            raise ConfigError(f"{flag} must be >= {least}, got {value}")
+    if config.model is not None:
+        model_flag(config.model)
+    else:  # the base model is trained (or found in the cache) from the task's corpus
+        check_base(task, config.base)
     teacher = config.grpo.teacher
     if config.recipe == "opd" and teacher is None:
         warn(
@@ -260,7 +282,7 @@ def resume_config(config: LabConfig) -> LabConfig:
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise UserError(f"{run_dir} has no config.yaml: nothing to resume")
-    data = yaml.safe_load(saved_path.read_text()) or {}
+    data = read_yaml(saved_path) or {}
     for key in ("resume", "overwrite"):  # older runs saved `resume: false`
         data.pop(key, None)
     saved = from_dict(LabConfig, data, where=str(saved_path))
@@ -344,6 +366,8 @@ def run_lab(config: LabConfig) -> dict:
     """The whole lab; returns the summary written to summary.json. `config` is resolved first
     (`resolve`: resume, recipe, --set, derived fields, checks), as the CLI's is."""
     config, task = _resolve(config)
+    if config.resume is not None:
+        print(f"[rlvr] resuming {config.resume} with its saved config.yaml")
     precision = resolve_precision(config.device, config.dtype)  # before anything is written
     ctx = init_distributed(precision.device, config.grpo.worker_timeout_s)  # torchrun's ranks
     precision = dataclasses.replace(precision, device=ctx.device)

@@ -33,6 +33,7 @@ from rlvr.config import ConfigError, UserError, from_dict, read_yaml
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
+from rlvr.pipelines.base_model import check_base
 from rlvr.report.loggers import check_installed, parse_report_to
 from rlvr.report.plots import plot_pipeline
 from rlvr.report.stats import format_interval
@@ -184,8 +185,9 @@ def _run_stages(
     report_to: tuple[str, ...] = (),
 ) -> list[dict[str, Any]]:
     """`run_pipeline` inside its precision."""
-    out.mkdir(parents=True, exist_ok=True)
     task = reasoning.task_spec(pipeline.task)
+    check_stages(pipeline, task)  # before the output directory is made
+    out.mkdir(parents=True, exist_ok=True)
     ctx = stages.PipelineContext(
         pipeline.task,
         task,
@@ -196,7 +198,6 @@ def _run_stages(
         report_to=report_to,
     )
     device = precision.device
-    check_stages(pipeline, task)
     report: list[dict[str, Any]] = []
     for index, stage in enumerate(pipeline.stages):
         stage_dir = out / f"{index + 1:02d}-{stage.name}"
@@ -264,9 +265,10 @@ STAGE_REFERENCES = ("model", "same_time_as", "teacher")
 
 
 def check_stages(pipeline: Pipeline, task: TaskSpec) -> None:
-    """Before the first stage runs: every stage named by a `model`, `same_time_as` or
-    `teacher` setting is an earlier stage, and every GRPO stage's switches hold
-    (`check_grpo_config`, through `grpo_stage_config`); a ConfigError names the stage."""
+    """Before the first stage runs (and before anything is written): every stage named by a
+    `model`, `same_time_as` or `teacher` setting is an earlier stage, every GRPO stage's
+    switches hold (`check_grpo_config`, through `grpo_stage_config`) and every base stage's
+    settings (`check_base`); a ConfigError names the stage."""
     for index, stage in enumerate(pipeline.stages):
         earlier = [s.name for s in pipeline.stages[:index]]
         for key in STAGE_REFERENCES:
@@ -276,11 +278,13 @@ def check_stages(pipeline: Pipeline, task: TaskSpec) -> None:
                     f"stages[{index}] ({stage.name}).{key}: {named!r} is not an earlier stage; "
                     f"earlier stages: {', '.join(earlier) or 'none'}"
                 )
-        if isinstance(stage.settings, stages.GRPOStage):
-            try:
+        try:
+            if isinstance(stage.settings, stages.GRPOStage):
                 stages.grpo_stage_config(stage.settings, task)
-            except ConfigError as exc:
-                raise ConfigError(f"stages[{index}] ({stage.name}).{exc}") from None
+            elif isinstance(stage.settings, stages.BaseStage):
+                check_base(task, stage.settings, prefix="")
+        except ConfigError as exc:
+            raise ConfigError(f"stages[{index}] ({stage.name}).{exc}") from None
 
 
 def write_report(

@@ -18,15 +18,15 @@ from typing import Annotated, Any
 import torch
 import tyro
 
-from rlvr.config import RunExistsError
+from rlvr.config import ConfigError, RunExistsError
 from rlvr.devices import on_device, resolve_precision
 from rlvr.models.tiny import load_model
-from rlvr.pipelines.common import user_task
+from rlvr.pipelines.common import model_flag, user_task
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.dataset_files import is_rlvr_jsonl
 from rlvr.tasks.jsonl import load_rows
 from rlvr.train.rejection import RejectionConfig, rejection_sample, write_jsonl
-from rlvr.verifiers.adapters import trl_reward
+from rlvr.verifiers.adapters import VERIFIERS, trl_reward
 from rlvr.verifiers.files import REFERENCE_FIELD
 
 FILE_BUDGET = 512  # completion tokens for a FILE.jsonl's prompts, which state no budget
@@ -71,8 +71,13 @@ def run_sample(config: SampleConfig) -> dict[str, Any]:
     rejection summary with the output path first."""
     if Path(config.output).exists() and not config.overwrite:
         raise RunExistsError(f"{config.output} exists; pass --overwrite to replace it")
+    if config.num_prompts is not None and config.num_prompts < 1:
+        raise ConfigError(f"--num-prompts must be >= 1 (or none: all), got {config.num_prompts}")
+    if config.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {config.threads}")
     precision = resolve_precision(config.device, config.dtype)
     rows, reward_fn, budget = prompts_and_verifier(config)
+    model_flag(config.model)
     sampling = config.sampling
     if sampling.max_new_tokens is None:
         sampling = dataclasses.replace(sampling, max_new_tokens=budget)
@@ -96,6 +101,11 @@ def prompts_and_verifier(
         and config.columns is None
         and is_rlvr_jsonl(Path(config.task))
     ):
+        if config.verifier not in VERIFIERS:
+            raise ConfigError(
+                f"--verifier {config.verifier!r}: a FILE.jsonl is graded by one of "
+                f"{', '.join(VERIFIERS)}"
+            )
         reward_fn = trl_reward(config.verifier)
         column = REFERENCE_FIELD.get(config.verifier)
         rows = load_rows(config.task, ("prompt", column) if column else ("prompt",))

@@ -39,8 +39,8 @@ from rlvr.models.tiny import (
     load_model,
     save_model,
 )
-from rlvr.pipelines.common import user_task
-from rlvr.report.loggers import open_loggers, parse_report_to
+from rlvr.pipelines.common import model_flag, user_task
+from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_loss_curve
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
@@ -129,6 +129,20 @@ def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig
         raise ConfigError("rlvr sft --task streams endless pairs: pass --steps")
     if config.batch_size < 1 or config.max_length < 2 or config.lora_rank < 0:
         raise ConfigError("batch_size must be >= 1, max_length >= 2 and lora_rank >= 0")
+    for flag, ok, bound in (
+        ("--lr", config.lr is None or config.lr > 0, "> 0"),
+        ("--epochs", config.epochs >= 1, ">= 1"),
+        ("--warmup-steps", config.warmup_steps >= 0, ">= 0"),
+        ("--final-lr-fraction", 0 <= config.final_lr_fraction <= 1, "in [0, 1]"),
+        ("--grad-clip", config.grad_clip > 0, "> 0"),
+        ("--weight-decay", config.weight_decay >= 0, ">= 0"),
+        ("--eval-rows", config.eval_rows >= 0, ">= 0"),
+        ("--eval-every", config.eval_every >= 0, ">= 0"),
+        ("--threads", config.threads >= 1, ">= 1"),
+    ):
+        if not ok:
+            value = getattr(config, flag[2:].replace("-", "_"))
+            raise ConfigError(f"rlvr sft: {flag} must be {bound}, got {value}")
     steps = config.steps
     if steps is None:
         steps = math.ceil(config.epochs * num_examples / config.batch_size)
@@ -177,9 +191,12 @@ def _run_sft(
     config = resolve_sft_config(config, len(pairs) if pairs is not None else None)
     config = replace(config, run_dir=str(run_dir or config.run_dir))
     eval_pairs = load_pairs(config.eval_data) if config.eval_data else None
+    if config.model != "tiny":
+        model_flag(config.model, hint=" (or --model tiny: a fresh tiny model)")
+    trackers = parse_report_to(config.report_to)  # refused before the run directory exists
+    check_installed(trackers)
     path = Path(config.run_dir)
     run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
-    trackers = parse_report_to(config.report_to)  # opened (or refused) before the model loads
     run.attach(open_loggers(trackers, run.path, path.name, to_dict(config), resume_step=None))
     with run:
         return _train(config, precision, run, task, pairs, eval_pairs, evaluate, start)

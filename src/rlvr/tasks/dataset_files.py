@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rlvr.config import UserError
+from rlvr.config import ConfigError, UserError
 from rlvr.tasks import data_sources, jsonl
 from rlvr.tasks.jsonl import JSONLFileNotFoundError, Pair, split_rows
 from rlvr.tasks.layouts import DataFileError, Table, rows_of
@@ -108,7 +108,7 @@ def task_spec(
     def corpus(seed: int, flaw_prob: float) -> Iterator[Pair]:
         """The training rows' (prompt, solution) pairs, repeated without end (no flaws)."""
         if not all(isinstance(r.get("solution"), str) for r in train):
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: rows have no 'solution' column to train a base model on; "
                 "pass --model DIR to start from a checkpoint"
             )

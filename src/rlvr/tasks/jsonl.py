@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlvr.config import UserError
+from rlvr.config import ConfigError, UserError
 from rlvr.tasks.spec import TaskSpec, endless_shuffles
 from rlvr.verifiers import math as math_verifier
 
@@ -201,7 +201,7 @@ def task_spec(path: str | Path, held_out_fraction: float = 0.1, seed: int = 0) -
     def corpus(seed: int, flaw_prob: float) -> Iterator[Pair]:
         """The training rows' (prompt, solution) pairs, repeated without end (no flaws)."""
         if not all("solution" in r for r in train):
-            raise ValueError(
+            raise ConfigError(
                 f"{path}: rows have no 'solution' column to train a base model on; "
                 "pass --model DIR to start from a checkpoint"
             )

@@ -481,7 +481,41 @@ def _range_problems(config: GRPOConfig) -> list[str]:
     cap, low = config.rollout_correction_cap, config.rollout_correction_low
     if (cap is not None and cap <= 0) or not 0 <= low < (cap or 5.0):
         problems.append("rollout_correction_cap must be > 0 and rollout_correction_low in [0, cap)")
-    return problems
+    return problems + [f"{name} must be {bound}" for name, ok, bound in _bounds(config) if not ok]
+
+
+def _bounds(config: GRPOConfig) -> list[tuple[str, bool, str]]:
+    """(field, whether its value is in range, the range) of the plain numeric fields."""
+    c = config
+    return [
+        ("group_size", c.group_size >= 1, ">= 1"),
+        ("lr", c.lr >= 0, ">= 0"),
+        ("critic_lr", c.critic_lr >= 0, ">= 0"),
+        ("warmup_steps", c.warmup_steps >= 0, ">= 0"),
+        ("weight_decay", c.weight_decay >= 0, ">= 0"),
+        ("grad_clip", c.grad_clip > 0, "> 0"),
+        ("epsilon_low", c.epsilon_low <= 1, "<= 1 (the ratio's floor is 1 - epsilon_low)"),
+        ("cispo_epsilon_low", c.cispo_epsilon_low <= 1, "<= 1 (the weight's floor is 1 - it)"),
+        ("gamma", 0 <= c.gamma <= 1, "in [0, 1]"),
+        ("lam", 0 <= c.lam <= 1, "in [0, 1]"),
+        ("value_clip", c.value_clip > 0, "> 0"),
+        ("ref_sync_every", c.ref_sync_every >= 0, ">= 0 (0: never)"),
+        ("ref_sync_alpha", 0 < c.ref_sync_alpha <= 1, "in (0, 1]"),
+        ("max_sampling_tries", c.max_sampling_tries >= 1, ">= 1"),
+        ("overlong_penalty", c.overlong_penalty >= 0, ">= 0"),
+        ("monitor_every", c.monitor_every >= 0, ">= 0 (0: off)"),
+        ("monitor_samples", c.monitor_samples >= 1, ">= 1"),
+        ("checkpoint_every", c.checkpoint_every >= 0, ">= 0 (0: only at the end)"),
+        ("keep_checkpoints", c.keep_checkpoints >= 1, ">= 1"),
+        ("max_nonfinite_steps", c.max_nonfinite_steps >= 1, ">= 1"),
+        ("abort_zero_reward_steps", c.abort_zero_reward_steps >= 0, ">= 0 (0: off)"),
+        ("eval_every", c.eval_every >= 0, ">= 0"),
+        ("samples_per_step", c.samples_per_step >= 0, ">= 0"),
+        ("cpu_workers", c.cpu_workers >= 0, ">= 0 (0: one per torch thread)"),
+        ("generation_threads", c.generation_threads >= 0, ">= 0 (0: by budget)"),
+        ("max_seconds", c.max_seconds >= 0, ">= 0 (0: no limit)"),
+        ("micro_batch_tokens", c.micro_batch_tokens >= 0, ">= 0"),
+    ]
 
 
 def _distill_problems(config: GRPOConfig) -> list[str]:
