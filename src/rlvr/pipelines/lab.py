@@ -395,6 +395,7 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
             config.run_name,
             overwrite=config.overwrite and ctx.is_main,
             resume=resume or not ctx.is_main,
+            claim=ctx.is_main,  # one live run per directory
         )
     if ctx.is_main:  # the trackers are opened (or refused) before any model loads
         resume_step = latest_checkpoint_step(run.path / "checkpoints") if resume else None
