@@ -195,6 +195,12 @@ class GRPOConfig:
     """Most seconds to wait on rollouts from another thread or process (async sampling, Ray
     rollout workers) before the run ends with an error naming the worker and the last
     checkpoint; while waiting a heartbeat line is printed every minute. Never a silent hang."""
+    verify_timeout_s: float = 60.0
+    """Most seconds one reward function may take on one step's completions (one call, the
+    whole batch); past it they score 0 for it, `verifier/<fn>/timeout` counts them, the run
+    warns once and the call's thread is abandoned (`rlvr.tasks.rewards`). 0: unbounded. The
+    lab's batch takes milliseconds, a code batch of 128 a few seconds; a code batch whose
+    programs mostly run to the sandbox's 3 s per test can take longer."""
     teacher: str | None = None
     """On-policy distillation: a local model directory whose per-token log-probs of the
     student's own samples give each token the advantage log q - log pi (the sampled reverse
@@ -246,6 +252,7 @@ class SamplingPlan:
     max_rounds: int  # sampling rounds per step: > 1 only with DAPO's dynamic sampling
     dynamic_sampling: bool
     threads: int  # torch threads while sampling
+    verify_timeout_s: float = 0.0  # each reward function's call bounded (0: unbounded)
 
 
 @dataclass(frozen=True)
@@ -337,6 +344,7 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         max_rounds=config.max_sampling_tries if config.dynamic_sampling else 1,
         dynamic_sampling=config.dynamic_sampling,
         threads=generation_threads(config, threads),
+        verify_timeout_s=config.verify_timeout_s,
     )
     return StepPlan(
         sampling=sampling,
@@ -515,6 +523,7 @@ def _bounds(config: GRPOConfig) -> list[tuple[str, bool, str]]:
         ("generation_threads", c.generation_threads >= 0, ">= 0 (0: by budget)"),
         ("max_seconds", c.max_seconds >= 0, ">= 0 (0: no limit)"),
         ("micro_batch_tokens", c.micro_batch_tokens >= 0, ">= 0"),
+        ("verify_timeout_s", c.verify_timeout_s >= 0, ">= 0 (0: unbounded)"),
     ]
 
 

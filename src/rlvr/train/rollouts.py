@@ -104,6 +104,7 @@ class Rollout:
                 [r["prompt"] for r in per_completion],
                 batch.completions,
                 reward_columns(per_completion),
+                timeout_s=plan.verify_timeout_s,
             )
         # the step's one host-to-device crossing: rewards join the batch on the model's device
         return batch, rewards.to(batch.completion_ids.device), metrics
