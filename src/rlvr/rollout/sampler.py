@@ -240,7 +240,7 @@ def rollout_batch(
         prompt_mask=prompt_mask,
         completion_ids=completion_ids,
         completion_mask=completion_mask,
-        logprobs=sampled_logprobs * completion_mask,
+        logprobs=torch.where(completion_mask != 0, sampled_logprobs, 0.0),  # 0 on padding
         truncated=truncated,
         group_ids=torch.arange(n // num_samples, device=completion_ids.device).repeat_interleave(
             num_samples
