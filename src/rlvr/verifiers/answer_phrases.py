@@ -57,12 +57,14 @@ _HYPOTHESIS = re.compile(r"\b(?:if|suppose|assume|assuming|whether|check|verify)
 _SENTENCE_START = re.compile(r"[.!?](?:\s|$)|\n")
 
 _MATH_SPANS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+# (?<!\s): a clause's whitespace is tried from where its run starts only (the leftmost match
+# is the same); tried from every space of a long run, each try rescanned the rest of the run
 _SENTENCE_END = re.compile(
     r"[.!?](?=\s|$)"
-    r"|,?\s+(?:which|because|since|as|so|hence|thus|therefore|where|given|meaning|"
+    r"|,?(?<!\s)\s+(?:which|because|since|as|so|hence|thus|therefore|where|given|meaning|"
     r"i\.e\.|e\.g\.|I\s+hope)\b"
     r"|,\s*(?:and\s+)?not\b"  # "825, not 824"
-    r"|\s+\((?=[A-Za-z][A-Za-z' ]{2,})",  # "825 (I checked it twice)": a remark
+    r"|(?<!\s)\s+\((?=[A-Za-z][A-Za-z' ]{2,})",  # "825 (I checked it twice)": a remark
     re.IGNORECASE,
 )
 _HEDGE_OPENING = re.compile(
@@ -91,6 +93,7 @@ def find_phrases(text: str) -> list[tuple[int, int]]:
     lower = text.lower()
     phrases: list[tuple[int, int]] = []
     pos = 0
+    line_start, line_end, heading = 0, -1, False  # the line of the last heading check
     while (found := lower.find("answer", pos)) != -1:
         pos = found + 6
         if found and lower[found - 1].isalnum():
@@ -103,10 +106,12 @@ def find_phrases(text: str) -> list[tuple[int, int]]:
         elif before and (verb := _VERB.match(lower, pos)):
             phrases.append((start, verb.end()))  # "the answer is", "final answer is"
         elif before and not before["det"]:
-            line_start = lower.rfind("\n", 0, found) + 1
-            line_end = lower.find("\n", found)
-            line_end = len(lower) if line_end == -1 else line_end
-            if _HEADING.fullmatch(lower, line_start, line_end):
+            if found >= line_end:  # a new line: its bounds and heading test, once per line
+                line_start = lower.rfind("\n", 0, found) + 1
+                line_end = lower.find("\n", found)
+                line_end = len(lower) if line_end == -1 else line_end
+                heading = bool(_HEADING.fullmatch(lower, line_start, line_end))
+            if heading:
                 phrases.append((start, line_end))  # "## Final Answer" on a line of its own
     return phrases
 

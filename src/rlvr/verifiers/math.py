@@ -758,7 +758,10 @@ def _compact(text: str) -> str:
 
 
 _NUMBERS = re.compile(r"\d+(?:\.\d+)?")
-_QUESTION = re.compile(r"[^.!?\n]*\?")
+# a question starts where a sentence does (the text's start, or after . ! ? or a newline): the
+# lookbehind makes each start cost O(1) where a bare [^.!?\n]*\? rescans the rest of its
+# sentence from every character of it (quadratic on a long line without "?"); same matches
+_QUESTION = re.compile(r"(?<![^.!?\n])[^.!?\n]*\?")
 
 
 def _echoes(expression: str, prompt: str) -> bool:

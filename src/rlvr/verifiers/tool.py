@@ -70,8 +70,9 @@ REASONS = (
     "error",
 )
 
-_TAGGED_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-_CODE_FENCE = re.compile(r"^```[A-Za-z]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
+_OPEN_TAG, _CLOSE_TAG = "<tool_call>", "</tool_call>"
+_FENCE = "```"
+_FENCE_LABEL = re.compile(r"[A-Za-z]*")  # "```json"
 _MAX_DETAIL_CHARS = 300
 
 
@@ -183,6 +184,33 @@ def _normalize_call(call: Any) -> tuple[str, dict[str, Any]]:
     return name, arguments
 
 
+def _tagged_bodies(text: str) -> list[str]:
+    """The text of each ``<tool_call>...</tool_call>``, in order: each opening tag with the
+    first closing tag after it (what ``<tool_call>(.*?)</tool_call>`` finds, in one pass: that
+    regex rescans the rest of the text from every opening tag that is never closed)."""
+    bodies: list[str] = []
+    pos = 0
+    while (opened := text.find(_OPEN_TAG, pos)) != -1:
+        closed = text.find(_CLOSE_TAG, opened + len(_OPEN_TAG))
+        if closed == -1:
+            break  # no closing tag after this one, so none after any later opening tag
+        bodies.append(text[opened + len(_OPEN_TAG) : closed])
+        pos = closed + len(_CLOSE_TAG)
+    return bodies
+
+
+def _unfenced(bare: str) -> str:
+    """A stripped answer without the one Markdown code fence around it (```` ```json ... ``` ````),
+    stripped again; the answer itself when it is not fenced.
+
+    What ``^```[A-Za-z]*\\s*\\n?(.*?)\\n?\\s*```$`` matched (its group, stripped), without its
+    backtracking, which took seconds on two thousand spaces after an opening fence."""
+    if len(bare) < 2 * len(_FENCE) or not (bare.startswith(_FENCE) and bare.endswith(_FENCE)):
+        return bare
+    label_end = _FENCE_LABEL.match(bare, len(_FENCE)).end()  # type: ignore[union-attr]
+    return bare[label_end : -len(_FENCE)].strip()
+
+
 def extract_tool_calls(completion: Any) -> tuple[list[tuple[str, dict[str, Any]]], str]:
     """The completion's tool calls as (name, arguments) pairs, and a status.
 
@@ -203,14 +231,12 @@ def extract_tool_calls(completion: Any) -> tuple[list[tuple[str, dict[str, Any]]
     text = answer_text(completion)
     if text is None:
         return [], "unclosed_think"
-    tagged = _TAGGED_CALL.findall(text)
-    if text.count("<tool_call>") != len(tagged) or text.count("</tool_call>") != len(tagged):
+    tagged = _tagged_bodies(text)
+    if text.count(_OPEN_TAG) != len(tagged) or text.count(_CLOSE_TAG) != len(tagged):
         return [], "malformed"  # an unclosed (truncated) or stray tag
     bodies = tagged
     if not bodies:
-        bare = text.strip()
-        if fenced := _CODE_FENCE.match(bare):
-            bare = fenced.group(1).strip()
+        bare = _unfenced(text.strip())
         if not bare.startswith("{"):
             return [], "no_call"
         bodies = [bare]
