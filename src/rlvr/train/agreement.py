@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.config import UserError
+from rlvr.report.environment import environment
 
 FP32_TOLERANCE = 1e-3
 """The largest first-pass |log ratio| an fp32 run may show before it stops. Measured on the
@@ -87,7 +88,6 @@ def check_agreement(
 
 
 def versions() -> str:
-    """`torch X, transformers Y` of this process."""
-    import transformers
-
-    return f"torch {torch.__version__}, transformers {transformers.__version__}"
+    """`torch X, transformers Y` of this process (`report.environment`)."""
+    env = environment()
+    return f"torch {env['torch']}, transformers {env['transformers']}"
