@@ -3,6 +3,7 @@
     python benchmarks/bench_verifiers.py                 # defaults: 400 math items, 32 programs
     python benchmarks/bench_verifiers.py --math-items 1000 --programs 64
     python benchmarks/bench_verifiers.py --baseline 6b6695c --skip-code   # before/after, one run
+    python benchmarks/bench_verifiers.py --lengths        # ms per call, 1 kB to 1 MB completions
 
 Math: ``rlvr.verifiers.math.score`` against ``math_verify.parse`` + ``math_verify.verify`` called
 directly, on the same completions (the answer in ``\\boxed{}``) and references: integer answers
@@ -12,6 +13,11 @@ no parse cache helps; half of the answers are wrong. ``--baseline REV`` also tim
 verifier as it was at git revision REV (its ``src/rlvr/verifiers/math.py``, loaded beside the
 current one) in the same run, so before and after share the machine's load. It shares the
 current symbolic worker and its caches, so it gets items of its own (same kinds, another seed).
+
+Lengths (``--lengths``): ms per call of each in-process verifier, and of the code verifier's
+extraction (the part that reads the completion), on completions of 1 kB, 10 kB, 100 kB and
+1 MB with the right answer first, last, or absent, the rest filler full of what extractors look
+for (numbers, ``$...$`` spans, answer phrases). Linear cost shows as x10 per column.
 
 Code: ``rlvr.verifiers.code.verify`` one program after another against ``verify_batch`` with a
 thread pool of sandboxes; each program has three ``assert`` tests, each test its own sandboxed
@@ -34,8 +40,10 @@ from typing import Any
 from math_verify import parse as mv_parse
 from math_verify import verify as mv_verify
 
+from rlvr.verifiers import exact, tool, weak
+from rlvr.verifiers import format as format_verifier
+from rlvr.verifiers.code import extract_code, verify_batch
 from rlvr.verifiers.code import verify as code_verify
-from rlvr.verifiers.code import verify_batch
 from rlvr.verifiers.math import score as math_score
 from rlvr.verifiers.sandbox import missing_protections, sandbox_capabilities
 
@@ -118,6 +126,43 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
+LENGTHS = (1_000, 10_000, 100_000, 1_000_000)
+FILLER = "Check: 12 + 30 = 42, and $x^2 = 4$ gives x = 2. Wait, maybe the answer is 7? "
+# verifier -> (grade(completion), its right answer as written)
+LENGTH_CASES: dict[str, tuple[Callable[[str], object], str]] = {
+    "math": (lambda c: math_score(c, "\\frac{1}{2}"), "So the answer is \\boxed{\\frac{1}{2}}."),
+    "exact": (lambda c: exact.score(c, "42"), "#### 42"),
+    "weak": (lambda c: weak.score(c, "42"), "\\boxed{42}"),
+    "format": (format_verifier.score, "<think>adding</think> 42"),
+    "tool": (
+        lambda c: tool.score(c, 3),
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+    ),
+    "code (extraction)": (extract_code, "```python\ndef f():\n    return 1\n```"),
+}
+
+
+def length_sweep() -> None:
+    """Print ms per call for each verifier x answer placement x completion length."""
+    print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    print()
+    sizes = " | ".join(f"{n // 1000:,} kB" for n in LENGTHS)
+    print(f"| verifier | answer | {sizes} |")
+    print("| --- | --- |" + " ---: |" * len(LENGTHS))
+    for name, (grade, answer) in LENGTH_CASES.items():
+        grade(answer + FILLER)  # warm-up
+        for where in ("first", "last", "absent"):
+            cells = []
+            for n in LENGTHS:
+                body = (FILLER * (n // len(FILLER) + 1))[:n]
+                text = {"first": f"{answer}\n{body}", "last": f"{body}\n{answer}"}.get(where, body)
+                seconds, _ = timed(lambda text=text, grade=grade: grade(text))
+                cells.append(f"{seconds * 1000:,.1f}")
+            print(f"| {name} | {where} | " + " | ".join(cells) + " |")
+    print()
+    print("ms per call, one call each; the filler is numbers, $...$ spans and answer phrases.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--math-items", type=int, default=400)
@@ -125,7 +170,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", help="also time the math verifier of this git revision")
     parser.add_argument("--skip-code", action="store_true", help="time the math verifier only")
+    parser.add_argument("--lengths", action="store_true", help="the completion-length sweep only")
     args = parser.parse_args()
+    if args.lengths:
+        length_sweep()
+        return
     before = baseline_score(args.baseline) if args.baseline else None
     rng = random.Random(args.seed)
     cpus = os.cpu_count() or 1
