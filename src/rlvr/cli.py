@@ -15,6 +15,7 @@ import json  # noqa: E402
 import re  # noqa: E402
 import sys  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
 from typing import Any, TypeVar  # noqa: E402
 
 import tyro  # noqa: E402
@@ -179,6 +180,33 @@ def models(config: ModelsConfig) -> None:
         print(convert_gguf(*config.args, progress=config.progress))
     else:
         raise UserError("usage: rlvr models [list | prepare NAME | convert-gguf FILE.gguf OUT_DIR]")
+
+
+@dataclass(frozen=True)
+class CourseConfig:
+    """`rlvr course build OUT`: the module's course (teaching document, slides, script, lab
+    handout) as a static site that opens offline, every number from a committed result."""
+
+    action: tyro.conf.Positional[str] = "build"
+    """build."""
+    out: tyro.conf.Positional[str | None] = None
+    """The site's directory: new, empty, or written by an earlier build."""
+    source: str | None = None
+    """The course's sources (default: the checkout's course/)."""
+
+
+def course(config: CourseConfig) -> None:
+    """`rlvr course build OUT`: write the site and say where its pages are."""
+    from rlvr.report.course import build
+
+    if config.action != "build" or config.out is None:
+        raise UserError("usage: rlvr course build OUT [--source DIR]")
+    out = Path(config.out)
+    manifest = build(out, Path(config.source) if config.source else None)
+    print(
+        f"[rlvr] course: {len(manifest['slides'])} slides, {len(manifest['numbers'])} numbers "
+        f"from {len(manifest['results'])} results; open {out / 'index.html'}"
+    )
 
 
 def _compare_train_default() -> LabConfig:
@@ -496,6 +524,7 @@ COMMANDS = {
         "Run a multi-stage pipeline: r1-zero, r1, distill, qwen3.",
     ),
     "models": (models, ModelsConfig, "Convert a packaged real checkpoint (GGUF) to a model dir."),
+    "course": (course, CourseConfig, "Build the module's course: an offline site."),
 }
 
 
