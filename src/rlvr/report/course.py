@@ -122,10 +122,13 @@ def load_sources(root: Path) -> Sources:
             name, root / str(entry["file"]), str(entry["command"]), str(entry.get("about", ""))
         )
     cited: dict[str, Cited] = {}
-    for name, entry in _yaml_mapping(root / "cited.yaml").items():
-        if not isinstance(entry, dict) or not {"value", "source"} <= entry.keys():
-            raise CourseError(f"{root / 'cited.yaml'}: {name}: needs value: and source:")
-        cited[name] = Cited(name, str(entry["value"]), str(entry["source"]))
+    for path in sorted(root.glob("cited*.yaml")):  # cited.yaml, cited-slides.yaml, ...
+        for name, entry in _yaml_mapping(path).items():
+            if not isinstance(entry, dict) or not {"value", "source"} <= entry.keys():
+                raise CourseError(f"{path}: {name}: needs value: and source:")
+            if name in cited:
+                raise CourseError(f"{path}: {name}: named twice among the cited*.yaml files")
+            cited[name] = Cited(name, str(entry["value"]), str(entry["source"]))
     return Sources(root, results, cited, [], {})
 
 
