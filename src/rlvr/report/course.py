@@ -40,7 +40,7 @@ _BLOCK = re.compile(r"^\s*\{\{\s*(diagram|figure|code)\s+(\S+)\s*\}\}\s*$")
 _NAME = re.compile(r"[a-z][a-z0-9_]*$")
 # what may not be typed in prose: a decimal, a percentage, a ratio (1.4x, 3/4), 4,096
 _TYPED_NUMBER = re.compile(
-    r"(?<![\w.])(\d+\.\d+|\d+(?:\.\d+)?\s?%|\d+(?:\.\d+)?x\b|\d+/\d+|\d{1,3}(?:,\d{3})+)"
+    r"(?<![\w.])(\d+(?:\.\d+)?\s?%|\d+(?:\.\d+)?x\b|\d{1,3}(?:,\d{3})+|\d+/\d+|\d+\.\d+)"
 )
 # what a number may sit inside without being a claim: code, a link's address, an arXiv id,
 # a DOI-like id, a version or a model name (Qwen2.5-7B), a heading's number
