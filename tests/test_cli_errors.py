@@ -109,6 +109,11 @@ CASES = [
     ("base-steps-0", "train --base.steps 0", "--base.steps"),
     ("flaw-prob-above-1", "train --base.flaw-prob 1.5", "--base.flaw-prob"),
     ("base-lr-negative", "train --base.lr -1", "--base.lr"),
+    ("tiny-width-zero", "train --tiny.hidden-size 0", "--tiny.hidden-size"),
+    ("tiny-no-layers", "lab --tiny.num-layers 0", "--tiny.num-layers"),
+    ("tiny-heads-uneven", "lab --tiny.num-heads 3", "--tiny.num-heads"),
+    ("tiny-mlp-zero", "lab --tiny.intermediate-size 0", "--tiny.intermediate-size"),
+    ("tiny-too-short", "lab --tiny.max-positions 4", "--tiny.max-positions"),
     ("unknown-device", "train --device tpu", "--device"),
     ("unknown-dtype", "train --dtype float8", "--dtype"),
     # --- train: names that name nothing -----------------------------------------------------

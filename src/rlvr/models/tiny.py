@@ -22,7 +22,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedTokenizerFast
 
-from rlvr.config import UserError
+from rlvr.config import ConfigError, UserError
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -50,6 +50,30 @@ class TinyModelConfig:
     """Width of the SwiGLU MLP."""
     max_positions: int = 256
     """Longest sequence (prompt + completion) the model accepts."""
+
+
+def check_tiny(tiny: TinyModelConfig, longest: int, prefix: str = "--tiny.") -> None:
+    """Refuse a shape the tiny model cannot be built with, or one too short for the task's
+    sequences (`longest`: prompt + completion budget, in tokens), as a `ConfigError` naming
+    the field as `prefix` + its name (a flag when `prefix` is one)."""
+
+    def name(field: str) -> str:
+        return prefix + (field.replace("_", "-") if prefix.startswith("--") else field)
+
+    for field in ("hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        if getattr(tiny, field) < 1:
+            raise ConfigError(f"{name(field)} must be >= 1, got {getattr(tiny, field)}")
+    head_dim, rest = divmod(tiny.hidden_size, tiny.num_heads)
+    if rest or head_dim % 2:
+        raise ConfigError(
+            f"{name('hidden_size')} {tiny.hidden_size} must split into {name('num_heads')} "
+            f"{tiny.num_heads} heads of an even width (rotary positions pair the dimensions)"
+        )
+    if tiny.max_positions < longest:
+        raise ConfigError(
+            f"{name('max_positions')} {tiny.max_positions} is shorter than the task's longest "
+            f"sequence ({longest} tokens: prompt + completion budget); raise it"
+        )
 
 
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
