@@ -16,7 +16,9 @@ actors' GPUs over a process group of their own instead; it needs CUDA and is unt
 Every wait on an actor goes through `RayEngine._gather`: it waits in `heartbeat_s` slices,
 prints a `[rlvr] waiting for rollout actors 1, 3 (45 s)` line per slice, and raises
 `WorkerError` naming the actor and its pid when one dies or does not answer within
-`timeout_s`: a lost actor ends the run with its name, never a silent hang.
+`timeout_s`: a lost actor ends the run with its name, never a silent hang. `close` waits for
+the actors' teardown and Ray's shutdown at most `close_timeout_s` (they can hang in Ray),
+with a heartbeat, and then warns naming them and goes on.
 
     python -m pip install 'rlvr[ray]'
     ray start --head             # optional: a cluster to join with --ray-address auto
@@ -24,25 +26,28 @@ prints a `[rlvr] waiting for rollout actors 1, 3 (45 s)` line per slice, and rai
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
 import os
 import socket
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlvr.config import UserError
+from rlvr.config import UserError, warn
 from rlvr.rollout.engine import HFEngine, RolloutEngine
 from rlvr.rollout.sampler import RolloutBatch, concat_batches
-from rlvr.workers import WorkerError
+from rlvr.workers import WorkerError, wait_for
 
 PLACEMENTS = ("separate", "colocated")
 WEIGHT_TRANSPORTS = ("object-store", "nccl")
@@ -50,6 +55,10 @@ INSTALL_HINT = "pip install 'rlvr[ray]'"
 
 EngineFactory = Callable[[Any, str], RolloutEngine]
 """`factory(tokenizer, device) -> RolloutEngine`, called once inside each actor."""
+CLOSE_TIMEOUT_S = 60.0
+"""The longest `RayEngine.close()` waits for the actors' kill and Ray's shutdown."""
+CLOSE_HEARTBEAT_S = 10.0
+"""Seconds between the `[rlvr] waiting for Ray's teardown ...` lines of a close that waits."""
 
 
 class RayEngineError(UserError, ValueError):
@@ -387,6 +396,7 @@ class RayEngine:
     ) -> None:
         _check_settings(num_workers, placement, weight_transport, device, threads_per_worker)
         self.tokenizer, self.timeout_s, self.heartbeat_s = tokenizer, timeout_s, heartbeat_s
+        self.close_timeout_s = CLOSE_TIMEOUT_S
         self.weight_transport, self._group = weight_transport, None
         self._started_ray = start_ray(ray_address)
         self._ray = import_ray()
@@ -518,19 +528,58 @@ class RayEngine:
 
     def close(self) -> None:
         """Kill the actors; shut Ray down if this engine started it. Safe to call twice, and
-        after Ray was shut down (the actors went with it)."""
-        for actor in self.actors if self._ray.is_initialized() else []:
-            self._ray.kill(actor, no_restart=True)
-        self.actors = []
-        if self._started_ray:
-            self._ray.shutdown()
-            self._started_ray = False
+        after Ray was shut down (the actors went with it).
+
+        The teardown runs in a daemon thread, waited on for at most `close_timeout_s` (or
+        `timeout_s`, when shorter), with a `[rlvr] waiting for Ray's teardown (...)` line every
+        `CLOSE_HEARTBEAT_S` (Ray's shutdown is known to hang at times, in gRPC or its logger
+        thread). Past the bound, one warning line names what it waited for and the run goes on
+        without it; Ray's own shutdown at the interpreter's exit is then dropped, as it would
+        wait again (Ray's processes end with this one). An error of the teardown is raised."""
+        actors, started = self.actors, self._started_ray
+        self.actors, self._started_ray = [], False
+        if not actors and not started:
+            return
+        ray = self._ray
+        names = ", ".join(self._name(i) for i in range(len(actors)))
+        parts = ([f"killing {names}"] if actors else []) + (["its shutdown"] if started else [])
+        what = f"Ray's teardown ({', then '.join(parts)})"
+
+        def teardown() -> None:
+            for actor in actors if ray.is_initialized() else []:
+                ray.kill(actor, no_restart=True)
+            if started:
+                ray.shutdown()
+
+        done: Future = Future()
+        threading.Thread(
+            target=_run_into, args=(done, teardown), name="rlvr-ray-close", daemon=True
+        ).start()
+        bound = min(self.close_timeout_s, self.timeout_s)
+        try:
+            wait_for(done, what, bound, CLOSE_HEARTBEAT_S)
+        except WorkerError:
+            if done.done():  # the teardown's own error
+                raise
+            warn(f"{what} did not end within {bound:g} s; going on without it")
+            if started:
+                atexit.unregister(ray.shutdown)
 
     def __enter__(self) -> RayEngine:
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _run_into(future: Future, fn: Callable[[], Any]) -> None:
+    """`fn()`, its result or error set on `future` (the body of a thread waited on)."""
+    try:
+        result = fn()
+    except BaseException as exc:
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
 
 
 def contiguous_chunks(n: int, k: int) -> list[tuple[int, int]]:

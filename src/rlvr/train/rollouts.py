@@ -9,15 +9,19 @@ plain CPU tensors and lists cross the boundary.
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent import futures
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, Protocol
 
 import torch
 
 from rlvr import algo
+from rlvr.config import warn
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import RolloutEngine
 from rlvr.rollout.sampler import RolloutBatch, concat_batches, select_rows
@@ -123,6 +127,53 @@ class Rollout:
 
 Collected = tuple[RolloutBatch, torch.Tensor, dict[str, float]]
 
+CLOSE_TIMEOUT_S = 60.0
+"""The longest `AsyncRollout.close()` waits for the call its thread is running (sampling
+rollouts no step will take, or a weight load) before it warns and goes on without it."""
+CLOSE_HEARTBEAT_S = 10.0
+"""Seconds between the `[rlvr] waiting for the rollout thread to finish ...` lines of a close
+that waits."""
+
+
+class OrderedThread:
+    """One daemon thread that runs the calls submitted to it in order, each behind a `Future`:
+    a `ThreadPoolExecutor(max_workers=1)` whose thread never holds up the interpreter's exit
+    (Python joins an executor's threads at exit, so a call stuck in an engine would hang the
+    process there, silently). Started by the first `submit`."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.closed = name, False
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        if self.closed:
+            raise RuntimeError(f"{self.name}: submit after shutdown")
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+            self._thread.start()
+        future: Future = Future()
+        self._calls.put((future, fn, args))
+        return future
+
+    def shutdown(self) -> None:
+        """Take no more calls; the thread ends after the queued ones (cancelled ones are
+        skipped). Returns at once."""
+        self.closed = True
+        self._calls.put(None)
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn, args = call
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while queued
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # the caller's, through the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
 
 class AsyncRollout:
     """A `Rollout` run `ahead` steps ahead of the learner, in one background thread: while the
@@ -139,10 +190,18 @@ class AsyncRollout:
     thread's own `async/generate_s` / `async/verify_s`; the step's `time/generate_s` is the
     time the learner waited for them."""
 
-    def __init__(self, rollout: Rollout, ahead: int, timeout_s: float) -> None:
+    def __init__(
+        self,
+        rollout: Rollout,
+        ahead: int,
+        timeout_s: float,
+        close_timeout_s: float = CLOSE_TIMEOUT_S,
+    ) -> None:
         self.rollout, self.ahead, self.timeout_s = rollout, ahead, timeout_s
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-rollout")
+        self.close_timeout_s = close_timeout_s
+        self.thread = OrderedThread("rlvr-rollout")
         self.queued: deque[tuple[Future[Collected], int]] = deque()
+        self.work: deque[tuple[Future, str]] = deque()  # submitted, not seen done; what it does
         self.version = 0  # learner updates synced so far
 
     @property
@@ -166,7 +225,7 @@ class AsyncRollout:
 
     def sync(self, learner: HasWeights) -> None:
         snapshot = {k: v.detach().clone() for k, v in learner.state_dict().items()}
-        self.pool.submit(self.rollout.engine.load_weights, snapshot)
+        self._submit("loading the learner's weights", self.rollout.engine.load_weights, snapshot)
         self.version += 1
 
     def drain(self) -> None:
@@ -176,12 +235,44 @@ class AsyncRollout:
         futures.wait([future for future, _ in self.queued], timeout=self.timeout_s)
 
     def close(self, wait: bool = True) -> None:
-        """Cancel the queued work; `wait` for the running one (not after an error: a stuck
-        engine must not hang the exit)."""
-        self.pool.shutdown(wait=wait, cancel_futures=True)
+        """Cancel the queued work and stop the thread after its running call. With `wait`
+        (not after an error), wait for that call at most `close_timeout_s` (or `timeout_s`,
+        when shorter), a `[rlvr] waiting for the rollout thread to finish ...` line every
+        `CLOSE_HEARTBEAT_S`; past it, one warning line naming the call, and the run goes on
+        without it (the thread is a daemon: a call stuck in an engine cannot hang the exit).
+        An error of that call is not raised: no step takes its result."""
+        for future, _ in self.work:
+            future.cancel()  # those still queued; the running one carries on
+        self.thread.shutdown()
+        running = [(future, what) for future, what in self.work if not future.done()]
+        self.work.clear()
+        if not wait:
+            return
+        bound = min(self.close_timeout_s, self.timeout_s)
+        deadline = time.monotonic() + bound
+        for future, what in running:  # at most one: the thread runs one call at a time
+            try:
+                left = max(0.0, deadline - time.monotonic())
+                wait_for(future, f"the rollout thread to finish {what}", left, CLOSE_HEARTBEAT_S)
+            except Exception:
+                if not future.done():  # the bound passed, not an error of the call's own
+                    warn(
+                        f"the rollout thread was still {what} {bound:g} s after the run asked "
+                        "it to stop; going on without it"
+                    )
+                    return
+
+    def _submit(self, what: str, fn: Callable[..., Any], *args: Any) -> Future:
+        """`fn(*args)` queued on the thread; `what` names it in `close`'s lines."""
+        while self.work and self.work[0][0].done():
+            self.work.popleft()
+        future = self.thread.submit(fn, *args)
+        self.work.append((future, what))
+        return future
 
     def _queue(self, generator: torch.Generator) -> None:
-        self.queued.append((self.pool.submit(self._collect, generator), self.version))
+        future = self._submit("sampling a step's rollouts", self._collect, generator)
+        self.queued.append((future, self.version))
 
     def _collect(self, generator: torch.Generator) -> Collected:
         timer = StepTimer()
