@@ -230,6 +230,11 @@ CASES = [
     ("models-convert-missing", "models convert-gguf {in}/none.gguf out", "none.gguf"),
     ("check-loss-unknown-recipe", "check-loss --recipe nope", "nope"),
     ("check-loss-group-size-0", "check-loss --grpo.group-size 0", "group_size"),
+    ("course-unknown-action", "course frobnicate out", "rlvr course build OUT"),
+    ("course-no-out", "course build", "rlvr course build OUT"),
+    ("course-out-not-ours", "course build {in}", "not written by `rlvr course build`"),
+    ("course-out-a-file", "course build {in}/rows.jsonl", "is not a directory"),
+    ("course-no-sources", "course build site --source {in}", "no course sources"),
     ("unknown-command", "trian", "trian"),
 ]
 

@@ -380,16 +380,21 @@ def _read(path: Path) -> str:
 # --- the build ----------------------------------------------------------------------------
 
 
-def prepare_out(out: Path) -> None:
-    """An empty OUT, or one a previous build wrote (emptied); anything else is refused."""
+def check_out(out: Path) -> None:
+    """Refuse an OUT that is a file, or a non-empty directory an earlier build did not write."""
     if out.exists() and not out.is_dir():
         raise CourseError(f"{out}: exists and is not a directory; choose another OUT")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).is_file():
+        raise CourseError(
+            f"{out}: not empty and not written by `rlvr course build`; choose an empty or new "
+            "directory"
+        )
+
+
+def prepare_out(out: Path) -> None:
+    """An empty OUT: new, or emptied when an earlier build wrote it (`check_out` first)."""
+    check_out(out)
     if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).is_file():
-            raise CourseError(
-                f"{out}: not empty and not written by `rlvr course build`; choose an empty or "
-                "new directory"
-            )
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -397,6 +402,7 @@ def prepare_out(out: Path) -> None:
 def build(out: Path, source: Path | None = None) -> dict[str, Any]:
     """Build the site into `out` from `source` (default: the checkout's course/); returns
     what numbers.json holds. Everything is checked before anything is written."""
+    check_out(out)
     root = (source or default_source()).resolve()
     sources = load_sources(root)
     pages: dict[str, str] = {}
