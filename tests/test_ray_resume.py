@@ -9,11 +9,10 @@ step-2 checkpoint.
   uninterrupted Ray run's with the same seed. The actors keep no random state between calls:
   each call seeds actor i with one draw of the learner's checkpointed generator plus i, and the
   resumed run pushes the loaded weights to its fresh actors before its first step.
-- Resumed bare (`rlvr train --resume RUN`): where rollouts are sampled is taken from the call,
-  not from the run's config.yaml, so it continues in this process. It finishes every step, one
-  row each, but from the checkpoint on it samples other random streams (the in-process sampler
-  seeds its worker threads with one draw each, not one draw plus the actor's index), so its
-  rows and weights are not the Ray run's.
+- Resumed bare (`rlvr train --resume RUN`, the command the lost-actor line prints): the
+  saved placement is kept when the call names none, so the same, bit for bit. (It used to
+  continue in one process on other random streams: the in-process sampler seeds its worker
+  threads with one draw each, not one draw plus the actor's index.)
 
 A local Ray on 127.0.0.1 per run (its files under the test's own RAY_TMPDIR), the tiny model;
 marked `dist` (about 1.5-3 minutes on two CPU cores): `pytest -m dist tests/test_ray_resume.py`.
@@ -158,18 +157,18 @@ def test_a_killed_ray_run_resumed_on_as_many_actors_is_bit_identical(
     assert _same_weights(run, uninterrupted)
 
 
-def test_a_bare_resume_of_a_ray_run_finishes_in_process_on_other_random_streams(
+def test_a_bare_resume_of_a_ray_run_keeps_its_placement_and_is_bit_identical(
     uninterrupted, killed, ray_dirs
 ):
-    """What the README says a bare `--resume` of a Ray run gives: every step, one row each,
-    the rows up to the checkpoint the Ray run's; after it, sampled in this process."""
+    """`rlvr train --resume RUN` alone (the command the lost-actor line prints) takes the
+    saved placement (Ray, as many actors): the uninterrupted run's rows and weights. Before,
+    it continued in one process on other random streams (the in-process sampler seeds each
+    thread with a draw of its own; the actors get one draw plus their index)."""
     run = killed[1]
     log = run.parent.parent / "resume-bare.log"
     _finish(_launch(["train", "--resume", str(run)], log, ray_dirs / "b"), run, log)
     records, expected = (stable(read_jsonl(r / "metrics.jsonl")) for r in (run, uninterrupted))
     assert [r["step"] for r in records] == list(range(STEPS + 1))
-    assert records[:3] == expected[:3]  # steps 0-2: the dead run's rows, kept to its checkpoint
-    assert records[3:] != expected[3:] and not _same_weights(run, uninterrupted), (
-        "a bare --resume of a Ray run reproduced it: the README's Ray resume paragraph and "
-        "this test's docstring describe the other streams; update them"
-    )
+    assert records == expected
+    assert read_jsonl(run / "samples.jsonl") == read_jsonl(uninterrupted / "samples.jsonl")
+    assert _same_weights(run, uninterrupted)

@@ -274,7 +274,9 @@ RESUME_FREE = (
     "report_to",
 )
 """Fields that a resume takes from the call, not from the saved config.yaml (where the run
-samples may change: a resume on Ray workers continues a run begun in one process)."""
+samples may change: a resume on Ray workers continues a run begun in one process). The
+placement is the saved one when the call gives none, so a bare `--resume` of a Ray run
+resumes on Ray with as many actors."""
 
 
 def resume_config(config: LabConfig) -> LabConfig:
@@ -310,7 +312,7 @@ def resume_config(config: LabConfig) -> LabConfig:
         progress=config.progress,
         device=config.device,
         dtype=config.dtype,
-        rollout=config.rollout,
+        rollout=config.rollout if config.rollout != RolloutPlacement() else saved.rollout,
         report_to=config.report_to if config.report_to != "none" else saved.report_to,
     )
 
