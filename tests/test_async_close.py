@@ -222,3 +222,27 @@ def test_the_engines_close_returns_as_soon_as_ray_is_down(capfd):
     engine.close()
     assert time.monotonic() - start < 0.5 and ray.killed == ["a0", "a1"]
     assert "warning" not in capfd.readouterr().err
+
+
+def test_drain_before_a_checkpoint_times_out_with_the_threads_name(capfd):
+    """A checkpoint waits for the queued rollouts (the generator must be at rest); a stuck
+    one ends that wait at `timeout_s` with a WorkerError naming the thread, never a
+    checkpoint taken while the thread still draws from the generator."""
+    from rlvr.workers import WorkerError
+
+    model, tokenizer = tiny()
+    engine = StuckAfterFirst(HFEngine(model, tokenizer))
+    plan = build_plan(GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=4)).sampling
+    rollout = AsyncRollout(
+        Rollout(engine, rows(), [math_reward], [1.0], plan, pad_id=0), ahead=1, timeout_s=1.0
+    )
+    rollout.collect(torch.Generator().manual_seed(0), StepTimer())
+    assert engine.stuck.wait(10)
+    start = time.monotonic()
+    try:
+        with pytest.raises(WorkerError, match=r"the rollout thread .*did not answer within 1 s"):
+            rollout.drain()
+        assert time.monotonic() - start < 5
+    finally:
+        engine.release.set()
+        rollout.close(wait=True)

@@ -14,7 +14,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -231,8 +230,18 @@ class AsyncRollout:
     def drain(self) -> None:
         """Wait for the queued work (a checkpoint then sees the generator and the row stream
         at rest; the queued rollouts stay queued, and an error among them is raised by the
-        `collect` that takes it, after this step's checkpoint)."""
-        futures.wait([future for future, _ in self.queued], timeout=self.timeout_s)
+        `collect` that takes it, after this step's checkpoint). The wait prints a heartbeat
+        line and, past `timeout_s` in all, raises `WorkerError` rather than checkpoint a
+        generator still in use."""
+        deadline = time.monotonic() + self.timeout_s
+        for future, _ in self.queued:
+            try:
+                left = max(0.0, deadline - time.monotonic())
+                wait_for(future, "the rollout thread (queued rollouts, before a checkpoint)", left)
+            except Exception:
+                if not future.done():  # the wait timed out: the thread still runs
+                    raise
+                # the work's own error: raised by the collect that takes it
 
     def close(self, wait: bool = True) -> None:
         """Cancel the queued work and stop the thread after its running call. With `wait`
