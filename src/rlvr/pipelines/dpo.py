@@ -30,7 +30,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -38,7 +38,12 @@ from rlvr.config import ConfigError, read_yaml, to_dict
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig, load_model, save_model
 from rlvr.pipelines.base_model import BaseConfig, check_base
-from rlvr.pipelines.common import TRAIN_ROWS_SEED_OFFSET, model_flag, user_task
+from rlvr.pipelines.common import (
+    TRAIN_ROWS_SEED_OFFSET,
+    PipelineContext,
+    model_flag,
+    user_task,
+)
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.report.stats import format_interval, wilson_interval
 from rlvr.tasks.arithmetic import ANSWER_MARKER, ArithmeticTaskConfig
@@ -46,9 +51,6 @@ from rlvr.tasks.reasoning import ReasoningTaskConfig, split_think
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.dpo import PairPool, sample_pair_pool, train_dpo
 from rlvr.train.evaluate import held_out_accuracy, held_out_samples
-
-if TYPE_CHECKING:
-    from rlvr.pipelines.stages import PipelineContext
 
 LOSS_TYPES = ("sigmoid", "ipo")
 
