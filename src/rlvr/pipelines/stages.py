@@ -15,7 +15,8 @@ file; unknown keys are refused, naming the valid ones):
 - `thinking_budget`  accuracy and tokens against a thinking budget, with its figure.
 - `dpo`      DPO / IPO (`rlvr.pipelines.dpo`) on pairs of the model's verified samples, offline
              or iterated (pairs regenerated from the policy every K steps);
-- `error_kinds`  the kinds of earlier stages' held-out errors, and their accuracy curves.
+- `error_kinds`  the kinds of earlier stages' held-out errors, and their accuracy curves
+             (`rlvr.pipelines.error_kinds`).
 
 Every stage function has the signature `(settings, ctx, stage_dir) -> outputs`, where outputs
 name the files it wrote (`model`, `data`, `figure`). `ctx` is the pipeline's shared state
@@ -45,8 +46,9 @@ from rlvr.pipelines.common import (
     save_policy,
     with_lora,
 )
-from rlvr.pipelines.dpo import DPOStage, ErrorKindsStage, run_dpo_stage, run_error_kinds_stage
+from rlvr.pipelines.dpo import DPOStage, run_dpo_stage
 from rlvr.pipelines.engines import RolloutPlacement, build_engine, check_placement, close_engine
+from rlvr.pipelines.error_kinds import ErrorKindsStage, run_error_kinds_stage
 from rlvr.pipelines.sft import SFTConfig, run_sft
 from rlvr.report.loggers import open_loggers
 from rlvr.report.plots import format_table, plot_thinking_budget
