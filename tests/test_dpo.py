@@ -13,14 +13,18 @@ from rlvr.config import ConfigError
 from rlvr.devices import resolve_precision
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.pipelines import stages
+from rlvr.pipelines.base_model import BaseConfig
+from rlvr.pipelines.common import user_task
 from rlvr.pipelines.dpo import (
     DPOConfig,
     DPOStage,
+    _model_dir,
     check_dpo_config,
     dpo_completions,
     dpo_run,
     run_dpo,
 )
+from rlvr.pipelines.lab import LabConfig, build_base_model, lab_base_dir, lab_task
 from rlvr.pipelines.pipeline import load_pipeline, parse_pipeline
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.tasks.spec import TaskSpec
@@ -156,6 +160,24 @@ def test_bad_settings_are_one_line_errors_naming_the_flag(changes, flag):
 def test_run_dpo_refuses_a_model_that_is_not_a_directory(tmp_path):
     with pytest.raises(ConfigError, match="--model"):
         run_dpo(DPOConfig(model=str(tmp_path / "nope"), run_dir=str(tmp_path / "r")))
+
+
+@pytest.mark.parametrize(
+    ("task", "base"),
+    [
+        ("arithmetic", BaseConfig(steps=2, batch_size=2)),
+        ("reasoning", BaseConfig(steps=2, batch_size=2, hedge_prob=0.2, seed=3)),
+    ],
+)
+def test_model_lab_is_the_labs_cached_base(tmp_path, monkeypatch, task, base):
+    # `--model lab` trains (or finds) the base `rlvr lab` would: the same cache key and directory
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    config = DPOConfig(task=task, tiny=SHAPE, base=base, progress=False)
+    directory = _model_dir(config, user_task(task, config.arithmetic, config.reasoning))
+    lab = LabConfig(task=task, tiny=SHAPE, base=base, progress=False)
+    assert directory == lab_base_dir(lab)
+    assert (directory / "config.json").exists()
+    assert build_base_model(lab, lab_task(lab)) == (directory, True)  # the lab finds it cached
 
 
 # --- stage kinds -------------------------------------------------------------------------------

@@ -30,7 +30,12 @@ import torch
 from rlvr.config import ConfigError, to_dict
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig, load_model, save_model
-from rlvr.pipelines.base_model import BaseConfig, check_base
+from rlvr.pipelines.base_model import (
+    BaseConfig,
+    cached_base_model,
+    check_base,
+    resolved_hedge_prob,
+)
 from rlvr.pipelines.common import (
     TRAIN_ROWS_SEED_OFFSET,
     PipelineContext,
@@ -172,21 +177,17 @@ def run_dpo(config: DPOConfig) -> Path:
 
 
 def _model_dir(config: DPOConfig, task: TaskSpec) -> Path:
-    """`config.model`, or the lab's cached base of `config.task` (trained if not cached)."""
+    """`config.model`, or the lab's cached base of `config.task` (trained if not cached): the
+    base `rlvr lab` trains on the strict verifier from the same settings, under its cache key."""
     if config.model != "lab":
         return model_flag(config.model, hint=" (or --model lab: the lab's base)")
-    from rlvr.pipelines.lab import LabConfig, build_base_model  # the lab's import is heavy
-
     check_base(task, config.base)
-    lab = LabConfig(
-        task=config.task,
-        arithmetic=config.arithmetic,
-        reasoning=config.reasoning,
-        tiny=config.tiny,
-        base=config.base,
-        progress=config.progress,
+    task_config = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}.get(config.task)
+    base = replace(config.base, hedge_prob=resolved_hedge_prob(config.base.hedge_prob, "strict"))
+    directory, _ = cached_base_model(
+        config.task, task, task_config, config.tiny, base, progress=config.progress
     )
-    return build_base_model(lab, task)[0]
+    return directory
 
 
 def dpo_run(
