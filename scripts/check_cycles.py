@@ -60,13 +60,11 @@ def _imports(node: ast.AST, kind: str) -> list[tuple[ast.Import | ast.ImportFrom
     for child in ast.iter_child_nodes(node):
         if isinstance(child, ast.Import | ast.ImportFrom):
             found.append((child, kind))
-        elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+        elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
             found += _imports(child, "type-checking" if kind == "type-checking" else "function")
         elif isinstance(child, ast.If) and _is_type_checking(child.test):
-            for stmt in child.body:
-                found += _imports(ast.Module(body=[stmt], type_ignores=[]), "type-checking")
-            for stmt in child.orelse:
-                found += _imports(ast.Module(body=[stmt], type_ignores=[]), kind)
+            found += _imports(ast.Module(body=child.body, type_ignores=[]), "type-checking")
+            found += _imports(ast.Module(body=child.orelse, type_ignores=[]), kind)
         else:
             found += _imports(child, kind)
     return found
