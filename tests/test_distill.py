@@ -12,6 +12,7 @@ from rlvr.cli import main
 from rlvr.config import ConfigError
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.pipelines import stages
+from rlvr.pipelines.common import PipelineContext
 from rlvr.pipelines.pipeline import parse_pipeline
 from rlvr.report.run_dir import read_jsonl
 from rlvr.report.timer import StepTimer
@@ -176,7 +177,7 @@ def test_the_grpo_stage_teacher_parses_and_an_unknown_stage_is_named(tmp_path):
     assert config.teacher == "<the model of stage t>" and config.group_size == 1
     assert stages.grpo_stage_config(settings, task, teacher_dir="/m").teacher == "/m"
     wrong = dataclasses.replace(settings, teacher="nope")
-    ctx = stages.PipelineContext(task_config, task, None, 0, False)
+    ctx = PipelineContext(task_config, task, None, 0, False)
     with pytest.raises(ConfigError, match="teacher: stage 'nope' did not run earlier") as info:
         stages.run_grpo_stage(wrong, ctx, tmp_path)
     assert "\n" not in str(info.value)

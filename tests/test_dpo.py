@@ -1,4 +1,5 @@
-"""DPO pairs, the `rlvr dpo` run directory, the stage kinds and the error kinds."""
+"""DPO pairs, the `rlvr dpo` run directory and the stage kinds (the error kinds:
+test_error_kinds.py)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ from rlvr.config import ConfigError
 from rlvr.devices import resolve_precision
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.pipelines import stages
+from rlvr.pipelines.base_model import BaseConfig
+from rlvr.pipelines.common import user_task
 from rlvr.pipelines.dpo import (
     DPOConfig,
     DPOStage,
+    _model_dir,
     check_dpo_config,
     dpo_completions,
     dpo_run,
-    dropped_carry_answers,
-    error_kind,
-    error_shares,
     run_dpo,
 )
+from rlvr.pipelines.lab import LabConfig, build_base_model, lab_base_dir, lab_task
 from rlvr.pipelines.pipeline import load_pipeline, parse_pipeline
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.tasks.spec import TaskSpec
@@ -160,6 +162,24 @@ def test_run_dpo_refuses_a_model_that_is_not_a_directory(tmp_path):
         run_dpo(DPOConfig(model=str(tmp_path / "nope"), run_dir=str(tmp_path / "r")))
 
 
+@pytest.mark.parametrize(
+    ("task", "base"),
+    [
+        ("arithmetic", BaseConfig(steps=2, batch_size=2)),
+        ("reasoning", BaseConfig(steps=2, batch_size=2, hedge_prob=0.2, seed=3)),
+    ],
+)
+def test_model_lab_is_the_labs_cached_base(tmp_path, monkeypatch, task, base):
+    # `--model lab` trains (or finds) the base `rlvr lab` would: the same cache key and directory
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
+    config = DPOConfig(task=task, tiny=SHAPE, base=base, progress=False)
+    directory = _model_dir(config, user_task(task, config.arithmetic, config.reasoning))
+    lab = LabConfig(task=task, tiny=SHAPE, base=base, progress=False)
+    assert directory == lab_base_dir(lab)
+    assert (directory / "config.json").exists()
+    assert build_base_model(lab, lab_task(lab)) == (directory, True)  # the lab finds it cached
+
+
 # --- stage kinds -------------------------------------------------------------------------------
 
 
@@ -192,39 +212,6 @@ def test_the_builtin_pipeline_matches_completions_across_its_branches():
     assert dpo_completions(by_name["dpo"].dpo) == per_grpo
     assert dpo_completions(by_name["dpo-iterated"].dpo) == per_grpo
     assert {by_name[n].model for n in ("dpo", "dpo-iterated", "grpo")} == {"base"}
-
-
-# --- error kinds -------------------------------------------------------------------------------
-
-
-def test_dropped_carry_answers_by_hand():
-    # 357+468: carries out of columns 1 (7+8=15) and 2 (5+6+1=12); drop the first: 5+6=11 ->
-    # 3+4+1=8: 815; drop the second: 725; both: 715 (all carries dropped)
-    assert dropped_carry_answers(357, 468) == {"815", "725", "715"}
-    assert dropped_carry_answers(123, 456) == set()  # no carries: no such slip
-
-
-@pytest.mark.parametrize(
-    ("completion", "kind"),
-    [
-        ("<think>7+8+0=15 5+6+0=11 3+4+1=08</think>815", "dropped_carry"),
-        ("<think>7+8+0=15 5+6+1=12 3+4+0=07</think>715", "dropped_carry"),
-        ("<think>7+8+0=15 5+6+1=12 3+4+1=08</think>826", "wrong_digit"),
-        ("<think>7+8+0=15</think>", "format"),
-        ("7+8+0=15 825", "format"),
-        ("<think></think>1234", "other"),
-        ("7+8+0=15 5+6+0=11 3+4+1=08 #### 815", "dropped_carry"),  # the arithmetic task's form
-    ],
-)
-def test_error_kind_of_wrong_completions(completion, kind):
-    assert error_kind(completion, {"prompt": "357+468=", "answer": "825"}) == kind
-
-
-def test_error_shares_count_only_the_errors():
-    rows = [{"prompt": "357+468="}] * 3
-    out = error_shares(["<think></think>825", "<think></think>815", "x"], rows, [1.0, 0.0, 0.0])
-    assert out["errors"] == 2
-    assert out["kinds"] == {"dropped_carry": 0.5, "wrong_digit": 0.0, "format": 0.5, "other": 0.0}
 
 
 def test_rlvr_dpo_refuses_a_bad_flag_in_one_line(capsys):

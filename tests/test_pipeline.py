@@ -6,6 +6,7 @@ import yaml
 from rlvr.config import ConfigError
 from rlvr.pipelines import pipeline as pipeline_module
 from rlvr.pipelines import stages
+from rlvr.pipelines.common import PipelineContext
 from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
 from rlvr.report.stats import format_interval
 from rlvr.tasks.reasoning import task_spec as reasoning_task_spec
@@ -157,7 +158,7 @@ def test_sample_stage_keeps_only_verified_readable_rows(tmp_path):
 
 
 def test_stage_context_names_missing_models():
-    ctx = stages.PipelineContext(None, None, None, 0, False)
+    ctx = PipelineContext(None, None, None, 0, False)
     with pytest.raises(ValueError, match="start with a `base` stage"):
         ctx.model_of(None)
     with pytest.raises(ValueError, match="'teacher'"):
@@ -173,7 +174,7 @@ def test_sft_sources_mix_generated_rows_and_retagged_sample_rows(tmp_path):
     samples = tmp_path / "samples.jsonl"
     samples.write_text(json.dumps({"prompt": "12+34=", "completion": "<think>x</think>46"}) + "\n")
     config = reasoning.ReasoningTaskConfig(digits=2, held_out_size=8)
-    ctx = stages.PipelineContext(config, reasoning.task_spec(config), None, 0, False)
+    ctx = PipelineContext(config, reasoning.task_spec(config), None, 0, False)
     ctx.outputs["s"] = {"data": str(samples)}
     rows = stages.sft_pairs(("readable:3", "no_think:2", "s", "s@think"), ctx, seed=0)
     prompts = [r["prompt"] for r in rows]

@@ -1,4 +1,5 @@
-"""What every pipeline entry point shares: the user-input boundary and the seed offsets.
+"""What every pipeline entry point shares: the user-input boundary, the seed offsets, and the
+state the stages of one pipeline share (`PipelineContext`, which every stage function takes).
 
 Errors a user can fix by changing a flag or a file leave here as `rlvr.config.UserError`
 (the CLI prints them on one line and exits 2): an unknown task or an unusable task file. (A
@@ -7,14 +8,17 @@ run directory's refusals are user errors where `RunDirectory` raises them.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from rlvr.config import ConfigError, UserError
+from rlvr.devices import Precision, resolve_precision
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
-from rlvr.models.tiny import ModelDirectoryError, check_model_dir, save_model
+from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
+from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.registry import build_task
 from rlvr.tasks.spec import TaskSpec
 
@@ -83,3 +87,29 @@ def save_policy(
     if lora.enabled and not lora.save_adapter_only:
         model = merged(model)
     return save_model(model, tokenizer, directory)
+
+
+@dataclass
+class PipelineContext:
+    """What every stage of one pipeline shares."""
+
+    task_config: ReasoningTaskConfig
+    task: TaskSpec
+    tiny: TinyModelConfig
+    seed: int
+    progress: bool
+    precision: Precision = field(default_factory=lambda: resolve_precision("cpu", "float32"))
+    outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
+    last_model: str | None = None  # the most recent stage's model directory
+    report_to: tuple[str, ...] = ()  # trackers of every GRPO stage (`parse_report_to`)
+
+    def model_of(self, stage: str | None) -> str:
+        """The model directory of `stage` (None: the latest model-producing stage)."""
+        if stage is None:
+            if self.last_model is None:
+                raise ConfigError("no earlier stage produced a model: start with a `base` stage")
+            return self.last_model
+        if "model" not in self.outputs.get(stage, {}):
+            raise ConfigError(f"stage {stage!r} did not run earlier or produced no model")
+        return self.outputs[stage]["model"]

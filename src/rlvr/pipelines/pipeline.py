@@ -34,6 +34,7 @@ from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines import stages
 from rlvr.pipelines.base_model import check_base
+from rlvr.pipelines.common import PipelineContext
 from rlvr.report.loggers import check_installed, parse_report_to
 from rlvr.report.plots import plot_pipeline
 from rlvr.report.stats import format_interval
@@ -188,7 +189,7 @@ def _run_stages(
     task = reasoning.task_spec(pipeline.task)
     check_stages(pipeline, task)  # before the output directory is made
     out.mkdir(parents=True, exist_ok=True)
-    ctx = stages.PipelineContext(
+    ctx = PipelineContext(
         pipeline.task,
         task,
         pipeline.tiny,

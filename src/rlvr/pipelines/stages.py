@@ -15,10 +15,12 @@ file; unknown keys are refused, naming the valid ones):
 - `thinking_budget`  accuracy and tokens against a thinking budget, with its figure.
 - `dpo`      DPO / IPO (`rlvr.pipelines.dpo`) on pairs of the model's verified samples, offline
              or iterated (pairs regenerated from the policy every K steps);
-- `error_kinds`  the kinds of earlier stages' held-out errors, and their accuracy curves.
+- `error_kinds`  the kinds of earlier stages' held-out errors, and their accuracy curves
+             (`rlvr.pipelines.error_kinds`).
 
 Every stage function has the signature `(settings, ctx, stage_dir) -> outputs`, where outputs
-name the files it wrote (`model`, `data`, `figure`). `ctx` is the pipeline's shared state.
+name the files it wrote (`model`, `data`, `figure`). `ctx` is the pipeline's shared state
+(`rlvr.pipelines.common.PipelineContext`).
 """
 
 from __future__ import annotations
@@ -34,18 +36,19 @@ import torch
 import yaml
 
 from rlvr.config import ConfigError, apply_overrides, from_dict, to_dict
-from rlvr.devices import Precision, resolve_precision
 from rlvr.models.lora import LoRAConfig
-from rlvr.models.tiny import TinyModelConfig, load_model
+from rlvr.models.tiny import load_model
 from rlvr.pipelines.base_model import BaseConfig, cached_base_model, resolved_hedge_prob
 from rlvr.pipelines.common import (
     SAMPLE_ROWS_SEED_OFFSET,
     TRAIN_ROWS_SEED_OFFSET,
+    PipelineContext,
     save_policy,
     with_lora,
 )
-from rlvr.pipelines.dpo import DPOStage, ErrorKindsStage, run_dpo_stage, run_error_kinds_stage
+from rlvr.pipelines.dpo import DPOStage, run_dpo_stage
 from rlvr.pipelines.engines import RolloutPlacement, build_engine, check_placement, close_engine
+from rlvr.pipelines.error_kinds import ErrorKindsStage, run_error_kinds_stage
 from rlvr.pipelines.sft import SFTConfig, run_sft
 from rlvr.report.loggers import open_loggers
 from rlvr.report.plots import format_table, plot_thinking_budget
@@ -56,33 +59,6 @@ from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.evaluate import held_out_accuracy, think_mode_check, thinking_budget_curve
 from rlvr.train.grpo import train_grpo
 from rlvr.train.rejection import RejectionConfig, rejection_sample
-
-
-@dataclass
-class PipelineContext:
-    """What every stage of one pipeline shares."""
-
-    task_config: reasoning.ReasoningTaskConfig
-    task: TaskSpec
-    tiny: TinyModelConfig
-    seed: int
-    progress: bool
-    precision: Precision = field(default_factory=lambda: resolve_precision("cpu", "float32"))
-    outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
-    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
-    last_model: str | None = None  # the most recent stage's model directory
-    report_to: tuple[str, ...] = ()  # trackers of every GRPO stage (`parse_report_to`)
-
-    def model_of(self, stage: str | None) -> str:
-        """The model directory of `stage` (None: the latest model-producing stage)."""
-        if stage is None:
-            if self.last_model is None:
-                raise ConfigError("no earlier stage produced a model: start with a `base` stage")
-            return self.last_model
-        if "model" not in self.outputs.get(stage, {}):
-            raise ConfigError(f"stage {stage!r} did not run earlier or produced no model")
-        return self.outputs[stage]["model"]
-
 
 # --- base --------------------------------------------------------------------------------
 
