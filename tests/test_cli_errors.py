@@ -114,6 +114,7 @@ CASES = [
     ("tiny-heads-uneven", "lab --tiny.num-heads 3", "--tiny.num-heads"),
     ("tiny-mlp-zero", "lab --tiny.intermediate-size 0", "--tiny.intermediate-size"),
     ("tiny-too-short", "lab --tiny.max-positions 4", "--tiny.max-positions"),
+    ("dpo-tiny-heads-uneven", "dpo --tiny.num-heads 3", "--tiny.num-heads"),
     ("unknown-device", "train --device tpu", "--device"),
     ("unknown-dtype", "train --dtype float8", "--dtype"),
     # --- train: names that name nothing -----------------------------------------------------

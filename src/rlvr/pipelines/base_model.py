@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.config import ConfigError
-from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
+from rlvr.models.tiny import (
+    TinyModelConfig,
+    build_char_tokenizer,
+    build_tiny_model,
+    check_tiny,
+    save_model,
+)
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.sft import train_next_token
 
@@ -63,6 +69,16 @@ def check_base(task: TaskSpec, base: BaseConfig, prefix: str = "--base.") -> Non
         next(iter(task.corpus(base.seed, base.flaw_prob)))
     except ValueError as exc:  # the task's refusal, which names its file and what to pass
         raise ConfigError(str(exc)) from None
+
+
+def check_shape(
+    task: TaskSpec, tiny: TinyModelConfig, budget: int | None = None, prefix: str = "--tiny."
+) -> None:
+    """Refuse a tiny-model shape that cannot be built or cannot hold the task's longest
+    held-out prompt plus the completion budget (`budget`, default the task's), in characters:
+    the tiny model's tokens, plus BOS and EOS (`check_tiny`)."""
+    prompts = max((len(str(row["prompt"])) for row in task.held_out_rows()), default=0)
+    check_tiny(tiny, prompts + (budget or task.max_new_tokens) + 2, prefix)
 
 
 def cache_root(cache_dir: str | None) -> Path:

@@ -34,6 +34,7 @@ from rlvr.pipelines.base_model import (
     BaseConfig,
     cached_base_model,
     check_base,
+    check_shape,
     resolved_hedge_prob,
 )
 from rlvr.pipelines.common import (
@@ -182,6 +183,7 @@ def _model_dir(config: DPOConfig, task: TaskSpec) -> Path:
     if config.model != "lab":
         return model_flag(config.model, hint=" (or --model lab: the lab's base)")
     check_base(task, config.base)
+    check_shape(task, config.tiny)
     task_config = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}.get(config.task)
     base = replace(config.base, hedge_prob=resolved_hedge_prob(config.base.hedge_prob, "strict"))
     directory, _ = cached_base_model(

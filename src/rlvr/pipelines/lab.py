@@ -34,12 +34,13 @@ from rlvr.config import (
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, has_chat_template
 from rlvr.models.lora import LoRAConfig
-from rlvr.models.tiny import TinyModelConfig, check_tiny, count_parameters, load_model
+from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model
 from rlvr.pipelines.base_model import (
     BaseConfig,
     base_model_dir,
     cached_base_model,
     check_base,
+    check_shape,
     resolved_hedge_prob,
 )
 from rlvr.pipelines.common import (
@@ -229,9 +230,7 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
         model_flag(config.model)
     else:  # the base model is trained (or found in the cache) from the task's corpus
         check_base(task, config.base)
-        prompts = max((len(str(row["prompt"])) for row in task.held_out_rows()), default=0)
-        budget = config.grpo.max_new_tokens or task.max_new_tokens
-        check_tiny(config.tiny, prompts + budget + 2)  # characters are tokens, plus BOS, EOS
+        check_shape(task, config.tiny, config.grpo.max_new_tokens)
     teacher = config.grpo.teacher
     if config.recipe == "opd" and teacher is None:
         warn(
