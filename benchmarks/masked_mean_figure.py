@@ -2,6 +2,7 @@
 
     python benchmarks/masked_mean_figure.py        # table, and docs/images/masked_mean.png
     python benchmarks/masked_mean_figure.py --out /tmp/mm.png
+    python benchmarks/masked_mean_figure.py --out mm.png --json mm.json   # the table as JSON
 
 The batch: 16 completions of one prompt, 2 long chains of thought (512 tokens, both wrong)
 and 14 short answers (24-64 tokens, seeded; 7 right). Rewards 1/0, advantages
@@ -138,6 +139,40 @@ def print_table(rows: list[dict[str, float]]) -> None:
     )
 
 
+# short names of the reductions in the --json file (keys a dotted path can name)
+JSON_KEYS = {
+    "token-mean": "token_mean",
+    "token-mean, 4 micro-batches": "token_mean_micro_batches",
+    "padded-width mean": "padded_width_mean",
+    "per-micro-batch mean": "micro_batch_mean",
+}
+
+
+def json_report(
+    lengths: torch.Tensor, advantages: torch.Tensor, rows: list[dict[str, float]]
+) -> dict:
+    """The printed numbers as a dict: the batch, then per padded width (rows, in FACTORS
+    order) each reduction's loss, gradient error and long/short token weight, and the
+    weights of the first width (they do not depend on it)."""
+    out_rows = []
+    for factor, row in zip(FACTORS, rows):
+        entry = {"width": row["width"], "factor": factor}
+        for field, prefix in (
+            ("loss", "loss"),
+            ("grad_error", "grad error"),
+            ("long_short_weight", "long/short"),
+        ):
+            entry[field] = {key: row[f"{prefix} {name}"] for name, key in JSON_KEYS.items()}
+        out_rows.append(entry)
+    return {
+        "lengths": lengths.tolist(),
+        "advantages": advantages.tolist(),
+        "micro_batch_rows": MICRO_BATCH_ROWS,
+        "rows": out_rows,
+        "long_short_weight": out_rows[0]["long_short_weight"],
+    }
+
+
 def plot(rows: list[dict[str, float]], path: Path) -> None:
     import matplotlib
 
@@ -191,6 +226,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("docs/images/masked_mean.png"))
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--json",
+        type=Path,
+        metavar="PATH",
+        help="also write the printed numbers as a JSON dict (rows.<i>.loss.<reduction>, "
+        "rows.<i>.grad_error.<reduction>, long_short_weight.<reduction>)",
+    )
     args = parser.parse_args()
     lengths, advantages = batch(args.seed)
     print(f"lengths {lengths.tolist()}")
@@ -199,6 +241,12 @@ def main() -> None:
     print_table(rows)
     plot(rows, args.out)
     print(f"\nwrote {args.out}")
+    if args.json:
+        import json
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(json_report(lengths, advantages, rows), indent=2) + "\n")
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

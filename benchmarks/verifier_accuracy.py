@@ -2,6 +2,7 @@
 
     python benchmarks/verifier_accuracy.py    # the cases in tests/data/math_verifier_cases.jsonl
     python benchmarks/verifier_accuracy.py --cases FILE.jsonl --show-misses
+    python benchmarks/verifier_accuracy.py --json accuracy.json   # the table also as a JSON dict
 
 Each line of the cases file is ``{"category", "completion", "answer", "prompt"?, "expected"}``
 with ``expected`` 1 (a right answer the verifier should accept) or 0 (one it should refuse).
@@ -69,10 +70,44 @@ def totals(table: dict[str, list[int]]) -> list[int]:
     return [sum(row[i] for row in table.values()) for i in range(4)]
 
 
+def json_report(ours: dict[str, list[int]], theirs: dict[str, list[int]]) -> dict[str, Any]:
+    """The printed table as a dict: per category (and ``all``) the cases and each verifier's
+    accuracy, right decisions, false accepts and false rejects."""
+
+    def cell(row: list[int]) -> dict[str, Any]:
+        return {
+            "accuracy": row[1] / row[0],
+            "right": row[1],
+            "false_accepts": row[2],
+            "false_rejects": row[3],
+        }
+
+    def entry(a: list[int], b: list[int]) -> dict[str, Any]:
+        return {"cases": a[0], "rlvr": cell(a), "math_verify": cell(b)}
+
+    return {
+        "categories": {c: entry(ours[c], theirs[c]) for c in sorted(ours)},
+        "all": entry(totals(ours), totals(theirs)),
+    }
+
+
+def write_json(path: str | Path, ours: dict[str, list[int]], theirs: dict[str, list[int]]) -> None:
+    from rlvr.report.environment import environment
+
+    report = {**json_report(ours, theirs), "environment": environment()}
+    Path(path).write_text(json.dumps(report, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=str(CASES))
     parser.add_argument("--show-misses", action="store_true", help="print every miss of rlvr")
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the table as a JSON dict: categories.<category> and all, each with "
+        "cases and, for rlvr and math_verify, accuracy, right, false_accepts, false_rejects",
+    )
     args = parser.parse_args()
     cases = load_cases(args.cases)
     ours, our_misses = tally(cases, rlvr_decision)
@@ -87,6 +122,8 @@ def main() -> None:
             f"| {b[1] / b[0]:.3f} | {b[2]}/{b[3]} |"
         )
     print("\nFA: false accepts (a wrong or hacked answer scored 1); FR: false rejects.")
+    if args.json:
+        write_json(args.json, ours, theirs)
     if args.show_misses:
         for case, got in our_misses:
             shown = case["completion"] if len(case["completion"]) < 200 else "<long>"
