@@ -78,7 +78,8 @@ def mini(tmp_path: Path) -> Path:
     (root / "diagrams" / "loop.mmd").write_text("flowchart LR\n  A --> B\n")
     (root / "document.md").write_text(
         "# Doc\n\nAccuracy {{ run.acc :.3f }}, seed {{ run.runs.0.seed }}, recipe "
-        "{{ run.name }}, R1-Zero {{ cited.aime }} ({{ command run }}; arXiv:2501.12948, "
+        "{{ run.name }}, best seed {{ run.runs.*.seed |max }}, R1-Zero {{ cited.aime }} "
+        "({{ command run }}; arXiv:2501.12948, "
         "Qwen2.5-7B, [link](https://example.invalid/v1.5)).\n\n{{ diagram loop }}\n\n"
         "{{ figure curve }}\n\n```\nlr = 0.001\n```\n"
     )
@@ -105,6 +106,7 @@ def test_placeholders_are_filled_from_their_sources(mini: Path, tmp_path: Path) 
     assert "0.001" in page  # code blocks may hold numbers
     texts = [(n.get("result"), n.get("key"), n["text"]) for n in manifest["numbers"]]
     assert ("run", "acc", "0.988") in texts and ("run", "acc", "0.99") in texts
+    assert ("run", "runs.*.seed", "3") in texts
     assert manifest["slides"] == ["Title", "Second"]
     slides = (out / "slides.html").read_text()
     assert slides.count("<section") == 2 and '<aside class="notes"><p>Say it.</p>' in slides
@@ -139,6 +141,8 @@ def test_the_same_sources_give_the_same_bytes(mini: Path, tmp_path: Path) -> Non
         (("document.md", "{{ nothing.acc }}"), r"document\.md:\d+: .*names no result"),
         (("document.md", "{{ run.missing }}"), r"document\.md:\d+: .*no key 'missing'"),
         (("document.md", "{{ run.name :.3f }}"), r"format '\.3f' does not fit 'grpo'"),
+        (("document.md", "{{ run.runs.*.seed }}"), r"a '\*' in the path takes one of \|min"),
+        (("document.md", "{{ run.acc |min }}"), r"a '\*' in the path takes one of"),
         (("document.md", "{{ cited.nope }}"), r"no number 'cited\.nope' in course/cited\.yaml"),
         (("document.md", "{{ diagram nope }}"), r"document\.md:\d+: no diagram .*nope\.mmd"),
         (("document.md", "{{ figure run }}"), r"no PNG result named 'run'"),
@@ -236,6 +240,15 @@ def test_the_teaching_document_is_the_seeds_length(site: tuple[Path, dict]) -> N
     assert 3_500 <= site[1]["words"]["document.md"] <= 4_300
 
 
+def _at(data, path: list[str]):
+    """The value at a dotted key path, a `*` mapping the rest over a list."""
+    for index, key in enumerate(path):
+        if key == "*":
+            return [_at(item, path[index + 1 :]) for item in data]
+        data = data[int(key)] if isinstance(data, list) else data[key]
+    return data
+
+
 def test_every_number_equals_its_source(site: tuple[Path, dict]) -> None:
     """Each filled-in number, read again from its result file and formatted again; and each
     appears in its page. A number typed into prose fails the build itself."""
@@ -249,9 +262,12 @@ def test_every_number_equals_its_source(site: tuple[Path, dict]) -> None:
         if "result" not in number:
             continue
         measured += 1
-        value = json.loads((COURSE / results[number["result"]]["file"]).read_text())
-        for key in number["key"].split("."):
-            value = value[int(key)] if isinstance(value, list) else value[key]
+        data = json.loads((COURSE / results[number["result"]]["file"]).read_text())
+        value = _at(data, number["key"].split("."))
+        if number["reduce"]:
+            value = {"min": min, "max": max, "count": len}.get(
+                number["reduce"], lambda v: sum(v) / len(v)
+            )(value)
         assert format(value, number["format"]) == number["text"]
     assert measured >= 20, f"only {measured} measured numbers in the course"
 

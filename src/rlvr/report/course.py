@@ -147,8 +147,21 @@ def _yaml_mapping(path: Path) -> dict[str, Any]:
 # --- placeholders -------------------------------------------------------------------------
 
 
+REDUCERS = {
+    "min": min,
+    "max": max,
+    "mean": lambda values: sum(values) / len(values),
+    "count": len,
+}
+"""What `|NAME` does to the values a `*` in a key path collects (`runs.*.acc |min`)."""
+
+
 def _lookup(data: Any, path: list[str], where: str) -> Any:
-    for key in path:
+    for index, key in enumerate(path):
+        if key == "*":  # every item of a list: the rest of the path looked up in each
+            if not isinstance(data, list) or not data:
+                raise CourseError(f"{where}: '*' needs a non-empty list there")
+            return [_lookup(item, path[index + 1 :], where) for item in data]
         if isinstance(data, list) and key.isdigit() and int(key) < len(data):
             data = data[int(key)]
         elif isinstance(data, dict) and key in data:
@@ -167,6 +180,7 @@ def fill(expr: str, sources: Sources, page: str, where: str) -> str:
             raise CourseError(f"{where}: no result named {name!r} in course/results.yaml")
         return f"<code>{html.escape(sources.results[name].command)}</code>"
     ref, _, spec = (part.strip() for part in expr.partition(" :"))
+    ref, _, reducer = (part.strip() for part in ref.partition("|"))
     name, *path = ref.split(".")
     if name == "cited":
         if len(path) != 1 or path[0] not in sources.cited:
@@ -177,6 +191,13 @@ def fill(expr: str, sources: Sources, page: str, where: str) -> str:
     if name not in sources.results:
         raise CourseError(f"{where}: {{{{ {expr} }}}} names no result (course/results.yaml)")
     value = _lookup(sources.value(name), path, f"{where}: {{{{ {expr} }}}}")
+    if ("*" in path) != bool(reducer) or (reducer and reducer not in REDUCERS):
+        raise CourseError(
+            f"{where}: {{{{ {expr} }}}}: a '*' in the path takes one of |"
+            f"{' |'.join(REDUCERS)} after it, and only then"
+        )
+    if reducer:
+        value = REDUCERS[reducer](value)
     if isinstance(value, (dict, list)) or value is None:
         raise CourseError(f"{where}: {{{{ {expr} }}}} is not a number or a word")
     try:
@@ -184,7 +205,14 @@ def fill(expr: str, sources: Sources, page: str, where: str) -> str:
     except (TypeError, ValueError):
         raise CourseError(f"{where}: format {spec!r} does not fit {value!r}") from None
     sources.numbers.append(
-        {"page": page, "result": name, "key": ".".join(path), "format": spec, "text": text}
+        {
+            "page": page,
+            "result": name,
+            "key": ".".join(path),
+            "reduce": reducer,
+            "format": spec,
+            "text": text,
+        }
     )
     command = html.escape(sources.results[name].command)
     return f'<span class="measured" title="{command}">{html.escape(text)}</span>'
