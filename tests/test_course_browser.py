@@ -66,10 +66,28 @@ def open_page(browser: Any, site: Path, name: str) -> tuple[Any, Any, list[str],
     return context, page, errors, outside
 
 
-def check_rendered(page: Any, name: str) -> None:
-    diagrams = page.eval_on_selector_all("figure.diagram", "els => els.length")
-    svgs = page.eval_on_selector_all("figure.diagram pre.mermaid svg", "els => els.length")
+# a diagram laid out while hidden comes out as empty boxes: a viewBox of a few pixels (its
+# nodes measured 0 wide) scaled up to the figure, or labels 0 wide
+EMPTY_DIAGRAMS = """(els) => els.filter((svg) => {
+    const box = svg.getBoundingClientRect();
+    const view = svg.viewBox.baseVal;
+    if (!view || view.width < 50 || view.height < 50) return true;
+    const labels = Array.from(svg.querySelectorAll("text, foreignObject"))
+        .filter((t) => t.textContent.trim());
+    const drawn = labels.filter((t) => t.getBoundingClientRect().width > 0);
+    return box.width < 50 || box.height < 50 || labels.length === 0
+        || drawn.length < labels.length / 2;
+}).map((svg) => svg.closest("figure").id)"""
+
+
+def check_rendered(page: Any, name: str, scope: str = "") -> None:
+    """Every diagram (within `scope`, a CSS selector) an SVG of real size with its labels
+    laid out, and every image loaded."""
+    diagrams = page.eval_on_selector_all(f"{scope} figure.diagram", "els => els.length")
+    svgs = page.eval_on_selector_all(f"{scope} figure.diagram pre.mermaid svg", "els => els.length")
     assert svgs == diagrams, f"{name}: {diagrams - svgs} of {diagrams} diagrams not rendered"
+    empty = page.eval_on_selector_all(f"{scope} figure.diagram pre.mermaid svg", EMPTY_DIAGRAMS)
+    assert not empty, f"{name}: diagrams drawn without their labels: {empty}"
     broken = page.eval_on_selector_all(
         "img", "els => els.filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
     )
@@ -94,7 +112,6 @@ def test_deck_steps_through_fourteen_slides(browser: Any, site: Path) -> None:
     context, page, errors, outside = open_page(browser, site, "slides.html")
     overflowing = []
     try:
-        check_rendered(page, "slides.html")
         total = page.evaluate("Reveal.getTotalSlides()")
         assert total == 14
         shots = site / "screenshots"
@@ -102,6 +119,7 @@ def test_deck_steps_through_fourteen_slides(browser: Any, site: Path) -> None:
         for index in range(total):
             page.evaluate(f"Reveal.slide({index})")
             page.wait_for_function(f"Reveal.getIndices().h === {index}")
+            check_rendered(page, f"slide {index + 1}", "section.present")
             sizes = page.evaluate(
                 """() => { const s = Reveal.getCurrentSlide();
                    return [s.scrollHeight, s.clientHeight, s.scrollWidth, s.clientWidth]; }"""
