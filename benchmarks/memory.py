@@ -1,6 +1,7 @@
 """Peak memory of one update step: PPO (policy + critic + reference) against GRPO.
 
     python benchmarks/memory.py            # two model sizes, three setups each
+    python benchmarks/memory.py --json memory.json   # the same table, also as a JSON dict
 
 Each (size, setup) runs in its own process: it imports everything, notes its resident memory,
 builds the models the setup needs, runs one full step (sample, verify, advantages, update; a
@@ -24,6 +25,14 @@ import sys
 SIZES = {
     "1.2M (lab)": {"hidden_size": 160, "num_layers": 3, "num_heads": 4, "intermediate_size": 640},
     "57M": {"hidden_size": 768, "num_layers": 8, "num_heads": 12, "intermediate_size": 3072},
+}
+# short names of the sizes and setups in the --json file (keys a dotted path can name)
+SIZE_KEYS = {"1.2M (lab)": "lab", "57M": "m57"}
+SETUP_KEYS = {
+    "PPO (policy, critic, reference)": "ppo",
+    "GRPO, beta > 0 (policy, reference)": "grpo_ref",
+    "GRPO, beta = 0 (policy only)": "grpo",
+    "GRPO, beta = 0, one worker thread": "grpo_one_worker",
 }
 SETUPS = {
     "PPO (policy, critic, reference)": {
@@ -82,14 +91,22 @@ def child(size: str, setup: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", nargs=2, metavar=("SIZE", "SETUP"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--json",
+        metavar="PATH",
+        help="also write the table's numbers as a JSON dict: sizes.<lab|m57>.<setup> with "
+        "peak_above_baseline_mb, ratio_to_ppo, params, baseline_mb, peak_mb",
+    )
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return
+    report: dict = {"sizes": {}}
     print("| model | setup | peak above baseline (MB) | ratio to PPO |")
     print("| --- | --- | --- | --- |")
     for size in SIZES:
         results = {}
+        raw = {}
         for setup in SETUPS:
             out = subprocess.run(
                 [sys.executable, __file__, "--child", size, setup],
@@ -99,9 +116,25 @@ def main() -> None:
             )
             r = json.loads(out.stdout.strip().splitlines()[-1])
             results[setup] = r["peak_mb"] - r["baseline_mb"]
+            raw[setup] = r
         ppo = results[next(iter(SETUPS))]
+        setups = {}
         for setup, mb in results.items():
             print(f"| {size} | {setup} | {mb:.0f} | {mb / ppo:.2f} |")
+            setups[SETUP_KEYS[setup]] = {
+                "setup": setup,
+                "peak_above_baseline_mb": mb,
+                "ratio_to_ppo": mb / ppo,
+                **raw[setup],
+            }
+        report["sizes"][SIZE_KEYS[size]] = {"model": size, **SIZES[size], "setups": setups}
+    if args.json:
+        from rlvr.report.environment import environment
+
+        report["environment"] = environment()
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
 
 
 if __name__ == "__main__":
