@@ -16,7 +16,7 @@ import html
 import json
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +92,10 @@ class Sources:
     cited: dict[str, Cited]
     numbers: list[dict[str, Any]]  # every number filled in, for numbers.json
     cache: dict[str, Any]
+    used: set[str] = field(default_factory=set)  # every result a page names
 
     def value(self, name: str) -> Any:
+        self.used.add(name)
         if name not in self.cache:
             self.cache[name] = self.results[name].data()
         return self.cache[name]
@@ -178,6 +180,7 @@ def fill(expr: str, sources: Sources, page: str, where: str) -> str:
         name = expr.split(None, 1)[1]
         if name not in sources.results:
             raise CourseError(f"{where}: no result named {name!r} in course/results.yaml")
+        sources.used.add(name)
         return f"<code>{html.escape(sources.results[name].command)}</code>"
     ref, _, spec = (part.strip() for part in expr.partition(" :"))
     ref, _, reducer = (part.strip() for part in ref.partition("|"))
@@ -448,6 +451,7 @@ def build(out: Path, source: Path | None = None) -> dict[str, Any]:
             for n, r in sorted(sources.results.items())
         },
         "words": {"document.md": count_words(_read(root / "document.md"))},
+        "used": sorted(sources.used),
     }
     prepare_out(out)
     (out / MARKER).write_text("written by rlvr course build; the next build replaces it\n")
