@@ -70,7 +70,9 @@ from ray_overhead import SMOLLM, timed
 from rlvr.models.tiny import load_model
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine
-from rlvr.rollout.ray_engine import RayEngine, listening_socket, start_ray
+from rlvr.rollout.ray_cluster import start_ray
+from rlvr.rollout.ray_engine import RayEngine
+from rlvr.rollout.weight_transport import listening_socket
 from rlvr.train.distributed import (
     DistContext,
     barrier,

@@ -29,7 +29,8 @@ import torch
 
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, load_model
 from rlvr.rollout.engine import HFEngine
-from rlvr.rollout.ray_engine import RayEngine, start_ray
+from rlvr.rollout.ray_cluster import start_ray
+from rlvr.rollout.ray_engine import RayEngine
 
 SMOLLM = Path(os.environ.get("RLVR_CACHE", "/tmp/rlvrcache")) / "models/smollm2-135m-instruct"
 

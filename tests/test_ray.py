@@ -16,15 +16,13 @@ ray = pytest.importorskip("ray")
 
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model  # noqa: E402
 from rlvr.rollout.engine import HFEngine  # noqa: E402
-from rlvr.rollout.ray_engine import (  # noqa: E402
-    RayEngine,
-    RayEngineError,
+from rlvr.rollout.ray_cluster import RayEngineError, start_ray  # noqa: E402
+from rlvr.rollout.ray_engine import RayEngine, contiguous_chunks  # noqa: E402
+from rlvr.rollout.weight_transport import (  # noqa: E402
     broadcast_tensors,
-    contiguous_chunks,
     listening_socket,
     pack_state_dict,
     receive_tensors,
-    start_ray,
     tensor_specs,
     unpack_state_dict,
     weight_group,

@@ -16,7 +16,8 @@ import torch
 from rlvr.config import ConfigError
 from rlvr.devices import Precision
 from rlvr.rollout.engine import RolloutEngine, VLLMEngine
-from rlvr.rollout.ray_engine import PLACEMENTS, WEIGHT_TRANSPORTS  # imports no Ray
+from rlvr.rollout.ray_engine import PLACEMENTS  # imports no Ray
+from rlvr.rollout.weight_transport import WEIGHT_TRANSPORTS
 
 ENGINES = ("hf", "vllm")
 

@@ -12,6 +12,7 @@ lists and numpy arrays cross the process boundary.
 Weights travel as numpy arrays through Ray's object store (`ray.put` once; every actor reads
 the same object, zero-copy on its node). "nccl" broadcasts them from the learner's GPU to the
 actors' GPUs over a process group of their own instead; it needs CUDA and is untested here.
+The packing and the group are in `weight_transport`; starting or joining Ray, in `ray_cluster`.
 
 Every wait on an actor goes through `RayEngine._gather`: it waits in `heartbeat_s` slices,
 prints a `[rlvr] waiting for rollout actors 1, 3 (45 s)` line per slice, and raises
@@ -27,31 +28,36 @@ with a heartbeat, and then warns naming them and goes on.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
-import logging
 import os
-import socket
 import sys
 import threading
 import time
-import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import torch
 
-from rlvr.config import UserError, warn
+from rlvr.config import warn
 from rlvr.rollout.engine import HFEngine, RolloutEngine
+from rlvr.rollout.ray_cluster import RayEngineError, first_line, import_ray, start_ray
 from rlvr.rollout.sampler import RolloutBatch, concat_batches
+from rlvr.rollout.weight_transport import (
+    WEIGHT_TRANSPORTS,
+    PackedWeights,
+    broadcast_tensors,
+    listening_socket,
+    pack_state_dict,
+    receive_tensors,
+    tensor_specs,
+    unique_tensors,
+    unpack_state_dict,
+    weight_group,
+)
 from rlvr.workers import WorkerError, wait_for
 
 PLACEMENTS = ("separate", "colocated")
-WEIGHT_TRANSPORTS = ("object-store", "nccl")
-INSTALL_HINT = "pip install 'rlvr[ray]'"
 
 EngineFactory = Callable[[Any, str], RolloutEngine]
 """`factory(tokenizer, device) -> RolloutEngine`, called once inside each actor."""
@@ -59,247 +65,6 @@ CLOSE_TIMEOUT_S = 60.0
 """The longest `RayEngine.close()` waits for the actors' kill and Ray's shutdown."""
 CLOSE_HEARTBEAT_S = 10.0
 """Seconds between the `[rlvr] waiting for Ray's teardown ...` lines of a close that waits."""
-
-
-class RayEngineError(UserError, ValueError):
-    """A Ray setting rlvr cannot honour: Ray missing, a cluster address nothing answers at,
-    or actors asking for more than the cluster has."""
-
-
-# --- starting or joining Ray ---------------------------------------------------------------
-
-
-def import_ray():
-    """The `ray` module, or a one-line `RayEngineError` saying how to install it."""
-    try:
-        import ray
-    except ImportError as err:
-        raise RayEngineError(f"Ray rollout workers need Ray: {INSTALL_HINT}") from err
-    return ray
-
-
-def start_ray(
-    address: str | None, num_cpus: int | None = None, temp_dir: str | None = None
-) -> bool:
-    """Join the Ray cluster at `address` ("auto": the one `ray start --head` started on this
-    machine; or host:port), or start a local one bound to 127.0.0.1 only when `address` is
-    None. Does nothing when Ray is already initialised in this process. Returns whether this
-    call initialised Ray, i.e. whether the caller should `ray.shutdown()` when done. Ray's own
-    logging is turned down to errors and the actors' output stays in Ray's log files
-    (`<temp_dir>/session_latest/logs/`); what goes wrong in an actor comes back as the
-    exception of the call. `num_cpus` and `temp_dir` apply to a local cluster only."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    quiet = dict(logging_level=logging.ERROR, log_to_driver=False)
-    if address is None:
-        with _loopback_only(ray):
-            ray.init(
-                address="local",
-                num_cpus=num_cpus,
-                include_dashboard=False,
-                _temp_dir=temp_dir,
-                **quiet,
-            )
-        return True
-    host_port = _reachable_address(ray, address)
-    on_loopback = host_port.rpartition(":")[0] in ("127.0.0.1", "localhost", "[::1]")
-    try:
-        with _loopback_only(ray) if on_loopback else contextlib.nullcontext():
-            ray.init(address=address, **quiet)  # as given: Ray treats "auto" apart (auth)
-    except (ConnectionError, RuntimeError) as err:
-        raise RayEngineError(f"--ray-address {address}: {_join_problem(err)}") from err
-    return True
-
-
-def _join_problem(err: BaseException) -> str:
-    """What went wrong joining a cluster, in a line. Ray 2.60 authenticates with a token by
-    default, and joins by an explicit address only with RAY_AUTH_MODE=token set."""
-    text = " ".join(str(e) for e in (err, err.__cause__, err.__context__) if e is not None)
-    if "InvalidAuthToken" in text or "AuthenticationError" in text:
-        return (
-            "the cluster refused this process's authentication token; set RAY_AUTH_MODE=token "
-            "(and RAY_AUTH_TOKEN, or the head's ~/.ray/auth_token), or use --ray-address auto "
-            "on the head's machine"
-        )
-    return _first_line(err)
-
-
-@contextlib.contextmanager
-def _loopback_only(ray) -> Iterator[None]:
-    """Inside the block a new local Ray binds 127.0.0.1 only. Ray replaces 127.0.0.1 by the
-    machine's external address (so that other nodes could join) unless its "no multi-node
-    cluster" switch is off: set here in the environment its processes inherit and in the
-    constant this process read when it imported Ray, both restored after."""
-    constants = ray._private.ray_constants
-    name = constants.ENABLE_RAY_CLUSTERS_ENV_VAR
-    before_env, before_flag = os.environ.get(name), constants.ENABLE_RAY_CLUSTER
-    os.environ[name], constants.ENABLE_RAY_CLUSTER = "0", False
-    try:
-        yield
-    finally:
-        constants.ENABLE_RAY_CLUSTER = before_flag
-        if before_env is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before_env
-
-
-def _reachable_address(ray, address: str, timeout_s: float = 5.0) -> str:
-    """host:port of the cluster `address` names ("auto" looked up as Ray does; a cluster on
-    127.0.0.1 kept there), or a one-line `RayEngineError` unless something accepts a TCP
-    connection there (Ray itself retries an unreachable address for minutes)."""
-    try:
-        with _loopback_only(ray):  # Ray's lookup would turn 127.0.0.1 into the external address
-            host_port = ray._private.services.canonicalize_bootstrap_address_or_die(address)
-        host, _, port = host_port.rpartition(":")
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except (ConnectionError, OSError, ValueError) as err:
-        raise RayEngineError(
-            f"--ray-address {address}: no Ray cluster answers there ({_first_line(err)}); "
-            "start one with `ray start --head`, or leave --ray-address out to start a local one"
-        ) from err
-    return host_port
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
-
-
-# --- weights as numpy ----------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class PackedWeights:
-    """A state dict as numpy arrays, for `ray.put`: each tensor once (tied weights are
-    `aliases` of the first name sharing their memory), and dtypes numpy lacks (bfloat16,
-    float8) stored as their raw bits in an integer array of the same width, named in
-    `dtypes`, so nothing is rounded or doubled in size."""
-
-    arrays: dict[str, np.ndarray]
-    dtypes: dict[str, str]  # name -> torch dtype of arrays holding raw bits
-    aliases: dict[str, str]  # name -> the name in `arrays` it shares memory with
-
-
-_SAME_WIDTH_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def unique_tensors(
-    state_dict: Mapping[str, torch.Tensor],
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """(tensors, aliases): the state dict with each tensor once, detached, and a map from each
-    dropped name to the kept name viewing the same memory (tied embeddings)."""
-    kept: dict[str, torch.Tensor] = {}
-    aliases: dict[str, str] = {}
-    first: dict[tuple, str] = {}
-    for name, tensor in state_dict.items():
-        key = (tensor.device, tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
-        if tensor.numel() and key in first:
-            aliases[name] = first[key]
-        else:
-            first.setdefault(key, name)
-            kept[name] = tensor.detach()
-    return kept, aliases
-
-
-def pack_state_dict(state_dict: Mapping[str, torch.Tensor]) -> PackedWeights:
-    """The state dict as numpy arrays on the CPU (see `PackedWeights`); CPU float32 tensors
-    are viewed, not copied (`ray.put` copies them into the object store)."""
-    tensors, aliases = unique_tensors(state_dict)
-    arrays, dtypes = {}, {}
-    for name, tensor in tensors.items():
-        tensor = tensor.cpu()
-        try:
-            arrays[name] = tensor.numpy()
-        except TypeError:  # no numpy dtype: ship the bits
-            arrays[name] = tensor.view(_SAME_WIDTH_INT[tensor.element_size()]).numpy()
-            dtypes[name] = str(tensor.dtype).removeprefix("torch.")
-    return PackedWeights(arrays, dtypes, aliases)
-
-
-def unpack_state_dict(packed: PackedWeights) -> dict[str, torch.Tensor]:
-    """The state dict `pack_state_dict` packed, as CPU tensors viewing the arrays (which the
-    object store hands out read-only: engines copy them into their parameters)."""
-    state_dict = {}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        for name, array in packed.arrays.items():
-            tensor = torch.from_numpy(array)
-            if name in packed.dtypes:
-                tensor = tensor.view(getattr(torch, packed.dtypes[name]))
-            state_dict[name] = tensor
-    for name, target in packed.aliases.items():
-        state_dict[name] = state_dict[target]
-    return state_dict
-
-
-# --- weights over a collective (GPUs) ------------------------------------------------------
-
-
-def listening_socket(host: str) -> socket.socket:
-    """A TCP socket listening at `host` on a free port: rank 0's end of a `weight_group`
-    (torch's TCP store would otherwise listen on every interface)."""
-    listener = socket.socket()
-    listener.bind((host, 0))
-    listener.listen()
-    return listener
-
-
-def weight_group(
-    backend: str,
-    host: str,
-    port: int,
-    rank: int,
-    world_size: int,
-    timeout_s: float,
-    listener: socket.socket | None = None,
-):
-    """This process's member of a broadcast group of its own (rank 0 the learner, 1..N the
-    actors), apart from torch.distributed's default group, which the learner may be using.
-    Rank 0 passes the `listening_socket` at host:port (the group's TCP store takes it over);
-    `backend` is "nccl" (GPUs) or "gloo" (CPUs, bound to `host`)."""
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(
-        host,
-        port,
-        world_size,
-        is_master=listener is not None,
-        timeout=timeout,
-        wait_for_workers=False,
-        master_listen_fd=None if listener is None else listener.detach(),
-    )
-    if backend == "nccl":
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
-    options = dist.ProcessGroupGloo._Options()
-    options._timeout = timeout
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    return dist.ProcessGroupGloo(store, rank, world_size, options)
-
-
-def broadcast_tensors(group, tensors: list[torch.Tensor], timeout_s: float) -> None:
-    """Broadcast `tensors` from rank 0 of `group` in place, in order (every rank passes
-    tensors of the same shapes and dtypes: rank 0 its values, the others buffers)."""
-    for tensor in tensors:
-        group.broadcast(tensor, 0, timedelta(seconds=timeout_s)).wait()
-
-
-def tensor_specs(tensors: Mapping[str, torch.Tensor]) -> list[tuple[str, tuple[int, ...], str]]:
-    """(name, shape, dtype name) of each tensor: what a receiving rank allocates."""
-    return [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in tensors.items()]
-
-
-def receive_tensors(
-    group, specs: list[tuple[str, tuple[int, ...], str]], device: str, timeout_s: float
-) -> dict[str, torch.Tensor]:
-    """Buffers for `specs` on `device`, filled by rank 0's `broadcast_tensors`."""
-    tensors = {n: torch.empty(s, dtype=getattr(torch, d), device=device) for n, s, d in specs}
-    broadcast_tensors(group, list(tensors.values()), timeout_s)
-    return tensors
 
 
 # --- what runs in each actor ----------------------------------------------------------------
@@ -523,7 +288,7 @@ class RayEngine:
                 try:
                     results[i] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
                 except ray.exceptions.RayActorError as err:
-                    raise WorkerError(self._name(i), f"died ({_first_line(err)})") from err
+                    raise WorkerError(self._name(i), f"died ({first_line(err)})") from err
         return results
 
     def close(self) -> None:
