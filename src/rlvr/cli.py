@@ -21,6 +21,7 @@ from typing import Any, TypeVar  # noqa: E402
 import tyro  # noqa: E402
 
 from rlvr.config import ConfigError, UserError  # noqa: E402
+from rlvr.pipelines.compare import CompareConfig, run_compare  # noqa: E402
 from rlvr.pipelines.dpo import DPOConfig, run_dpo  # noqa: E402
 from rlvr.pipelines.evaluate import EvalConfig, run_eval  # noqa: E402
 from rlvr.pipelines.lab import LabConfig, run_lab  # noqa: E402
@@ -163,25 +164,6 @@ def course(config: CourseConfig) -> None:
     )
 
 
-def _compare_train_default() -> LabConfig:
-    """What every recipe of `rlvr compare` trains by default: 60 steps, overwriting, quiet."""
-    return LabConfig(overwrite=True, progress=False, grpo=GRPOConfig(steps=60))
-
-
-@dataclass(frozen=True)
-class CompareConfig:
-    """`rlvr compare`: several recipes on the same task, base model, seed and budget."""
-
-    recipes: str = "grpo,rloo,dr_grpo,dapo,gspo"
-    """Comma-separated recipe names (see `rlvr recipes`)."""
-    name: str = "compare"
-    """The comparison's directory under --runs-dir (each recipe gets NAME-RECIPE beside it)."""
-    train: LabConfig = field(default_factory=_compare_train_default)
-    """The lab's settings for every recipe: `rlvr train`'s flags under --train. (--train.runs-dir,
-    --train.seed, --train.model, --train.grpo.steps, ...). Each recipe fills the grpo fields
-    left at their defaults; to set a recipe's switch back to its default, use --train.set."""
-
-
 def sample(config: SampleConfig) -> dict:
     """`rlvr sample`: rejection sampling to a JSONL file; prints and returns the summary."""
     summary = run_sample(config)
@@ -197,13 +179,7 @@ def sft(config: SFTConfig) -> None:
 def compare(config: CompareConfig) -> None:
     """`rlvr compare`: one child process running the lab per recipe, then one figure and one
     table."""
-    from rlvr.pipelines.compare import compare_recipes
-    from rlvr.pipelines.lab import resolve
-
-    recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
-    for recipe in recipes:  # an unknown name or impossible setting: before the first child
-        resolve(dataclasses.replace(config.train, recipe=recipe))
-    compare_recipes(recipes, config.train, config.name)
+    run_compare(config)
 
 
 def lab(config: LabConfig) -> None:
