@@ -21,61 +21,16 @@ from typing import Any, TypeVar  # noqa: E402
 import tyro  # noqa: E402
 
 from rlvr.config import ConfigError, UserError  # noqa: E402
+from rlvr.pipelines.compare import CompareConfig, run_compare  # noqa: E402
 from rlvr.pipelines.dpo import DPOConfig, run_dpo  # noqa: E402
+from rlvr.pipelines.evaluate import EvalConfig, run_eval  # noqa: E402
 from rlvr.pipelines.lab import LabConfig, run_lab  # noqa: E402
 from rlvr.pipelines.sample import SampleConfig, run_sample  # noqa: E402
 from rlvr.pipelines.sft import SFTConfig, run_sft  # noqa: E402
-from rlvr.tasks.arithmetic import ArithmeticTaskConfig  # noqa: E402
-from rlvr.tasks.reasoning import ReasoningTaskConfig  # noqa: E402
 from rlvr.train.config import GRPOConfig  # noqa: E402
 from rlvr.workers import WorkerError  # noqa: E402
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """`rlvr eval`: held-out accuracy of a local model on a task."""
-
-    model: str
-    """A local Hugging Face model directory (for example runs/lab/model)."""
-    task: str = "arithmetic"
-    """arithmetic, reasoning, code, tool, reasoning_gym:NAME (their held-out rows) or a dataset
-    file (as `rlvr train --task`; every row of it is evaluated)."""
-    columns: str | None = None
-    """A dataset file's columns as rlvr's fields (as `rlvr train --columns`)."""
-    max_new_tokens: int | None = None
-    """Completion budget in tokens (None: the task's own)."""
-    temperature: float = 0.0
-    """0 is greedy; > 0 samples at that temperature."""
-    num_samples: int = 1
-    """Completions per problem (n; needs --temperature > 0 when above 1): prints mean@n and
-    pass@k (the unbiased estimator) for k = 1, 2, 4, ... up to n, each with a 95% interval
-    (Wilson for one greedy sample, else bootstrap over problems)."""
-    seed: int = 0
-    """Sampling seed."""
-    device: str = "auto"
-    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
-    bfloat16."""
-    chat_template: bool = True
-    """Put each prompt through the model's chat template when its tokenizer has one (as
-    `rlvr train` does)."""
-    system_prompt: str | None = None
-    """A system message in front of every templated prompt."""
-    few_shot: int = 0
-    """With a chat template: this many worked examples as earlier turns (as `rlvr train
-    --few-shot`; the same examples, so a trained model is evaluated as it was trained)."""
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
-    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
-    mode: str = "default"
-    """reasoning task: the thinking mode of the prompts (default, think or no_think)."""
-    thinking_budget: str | None = None
-    """reasoning task: comma-separated budgets in thinking tokens, e.g. 0,8,16,32,none; prints
-    accuracy and tokens per budget and writes the curve's figure to --out."""
-    out: str = "thinking_budget.png"
-    """Where --thinking-budget writes its figure (a .json of the curve goes beside it)."""
 
 
 @dataclass(frozen=True)
@@ -209,25 +164,6 @@ def course(config: CourseConfig) -> None:
     )
 
 
-def _compare_train_default() -> LabConfig:
-    """What every recipe of `rlvr compare` trains by default: 60 steps, overwriting, quiet."""
-    return LabConfig(overwrite=True, progress=False, grpo=GRPOConfig(steps=60))
-
-
-@dataclass(frozen=True)
-class CompareConfig:
-    """`rlvr compare`: several recipes on the same task, base model, seed and budget."""
-
-    recipes: str = "grpo,rloo,dr_grpo,dapo,gspo"
-    """Comma-separated recipe names (see `rlvr recipes`)."""
-    name: str = "compare"
-    """The comparison's directory under --runs-dir (each recipe gets NAME-RECIPE beside it)."""
-    train: LabConfig = field(default_factory=_compare_train_default)
-    """The lab's settings for every recipe: `rlvr train`'s flags under --train. (--train.runs-dir,
-    --train.seed, --train.model, --train.grpo.steps, ...). Each recipe fills the grpo fields
-    left at their defaults; to set a recipe's switch back to its default, use --train.set."""
-
-
 def sample(config: SampleConfig) -> dict:
     """`rlvr sample`: rejection sampling to a JSONL file; prints and returns the summary."""
     summary = run_sample(config)
@@ -243,13 +179,7 @@ def sft(config: SFTConfig) -> None:
 def compare(config: CompareConfig) -> None:
     """`rlvr compare`: one child process running the lab per recipe, then one figure and one
     table."""
-    from rlvr.pipelines.compare import compare_recipes
-    from rlvr.pipelines.lab import resolve
-
-    recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
-    for recipe in recipes:  # an unknown name or impossible setting: before the first child
-        resolve(dataclasses.replace(config.train, recipe=recipe))
-    compare_recipes(recipes, config.train, config.name)
+    run_compare(config)
 
 
 def lab(config: LabConfig) -> None:
@@ -272,146 +202,7 @@ def recipes(config: RecipesConfig) -> None:
 
 def evaluate(config: EvalConfig) -> None:
     """`rlvr eval`: print a model's held-out accuracy (or its thinking-budget curve)."""
-    from rlvr.devices import on_device, resolve_precision
-    from rlvr.models.tiny import load_model
-    from rlvr.pipelines.common import model_flag, user_task
-
-    budgets = check_eval_config(config)
-    precision = resolve_precision(config.device, config.dtype)
-    task = user_task(config.task, config.arithmetic, config.reasoning, columns=config.columns)
-    rows = _eval_rows(config, task)  # a file's rows read (and checked) before the model loads
-    model_flag(config.model)
-    model, tokenizer = load_model(config.model, device=precision.device)
-    with on_device(precision):
-        if budgets is not None:
-            _thinking_budget(config, model, tokenizer, rows, task, budgets)
-        else:
-            _evaluate(config, model, tokenizer, task, rows)
-
-
-def check_eval_config(config: EvalConfig) -> list[int | None] | None:
-    """Refuse `rlvr eval`'s impossible settings before anything loads (a `ConfigError` naming
-    the flag); returns the --thinking-budget budgets (None without one)."""
-    from rlvr.tasks.reasoning import MODES
-
-    if config.num_samples < 1:
-        raise ConfigError(f"--num-samples must be at least 1, got {config.num_samples}")
-    if config.temperature < 0:
-        raise ConfigError(f"--temperature must be >= 0 (0 is greedy), got {config.temperature}")
-    if config.num_samples > 1 and config.temperature == 0:
-        raise ConfigError(
-            f"--num-samples {config.num_samples} with greedy decoding repeats one completion; "
-            "pass --temperature above 0 (e.g. 1.0) to sample"
-        )
-    if config.few_shot < 0:
-        raise ConfigError(f"--few-shot must be >= 0, got {config.few_shot}")
-    if config.mode not in MODES:
-        raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {config.mode!r}")
-    if config.thinking_budget is None:
-        return None
-    if config.task != "reasoning":
-        raise ConfigError("--thinking-budget needs --task reasoning (a <think> task)")
-    try:
-        return [
-            None if b.strip().lower() == "none" else int(b)
-            for b in config.thinking_budget.split(",")
-        ]
-    except ValueError:
-        raise ConfigError(
-            f"--thinking-budget expects numbers and 'none' separated by commas, got "
-            f"{config.thinking_budget!r}"
-        ) from None
-
-
-def _eval_rows(config: EvalConfig, task) -> list[dict]:
-    """The rows `rlvr eval` grades: the task's held-out rows, or every row of a dataset file
-    (a file given to an evaluation is a test set), in --mode for the reasoning task."""
-    from rlvr.tasks.dataset_files import all_rows, is_data_file
-
-    rows = task.held_out_rows()
-    if is_data_file(config.task):
-        rows = all_rows(config.task, config.columns)
-    if config.task == "reasoning":
-        from rlvr.tasks.reasoning import set_mode
-
-        rows = [{**r, "prompt": set_mode(r["prompt"], config.mode)} for r in rows]
-    return rows
-
-
-def _evaluate(config: EvalConfig, model, tokenizer, task, rows: list[dict]) -> None:
-    """`rlvr eval` once the model is loaded: accuracy, mean@n and pass@k on `rows`."""
-    from rlvr.models.chat import format_rows
-    from rlvr.pipelines.common import few_shot_examples
-    from rlvr.report.stats import sample_metrics
-    from rlvr.train.evaluate import held_out_samples
-
-    examples = few_shot_examples(task, config.few_shot)
-    rows = format_rows(tokenizer, rows, config.chat_template, config.system_prompt, examples)
-    samples = held_out_samples(
-        model,
-        tokenizer,
-        rows,
-        task.score,
-        config.max_new_tokens or task.max_new_tokens,
-        temperature=config.temperature,
-        num_samples=config.num_samples,
-        seed=config.seed,
-    )
-    n = config.num_samples
-    metrics = sample_metrics(samples.scores, ks=_pass_ks(n))
-    mode = "greedy" if config.temperature == 0 else f"sampled at T={config.temperature}"
-    result = {
-        "model": config.model,
-        "task": config.task,
-        "mode": mode,
-        "problems": len(rows),
-        "samples_per_problem": n,
-        "accuracy": metrics[f"mean@{n}"],
-        f"mean@{n}": metrics[f"mean@{n}"],
-        **{f"pass@{k}": v for k, v in metrics["pass@k"].items()},
-        "ci95": metrics["ci95"] | {"accuracy": metrics["ci95"][f"mean@{n}"]},
-    }
-    print(json.dumps(result))
-    shown = [f"mean@{n}"] + [f"pass@{k}" for k in metrics["pass@k"]]
-    parts = [
-        f"{name} {result[name]:.3f} [{result['ci95'][name][0]:.3f}, {result['ci95'][name][1]:.3f}]"
-        for name in dict.fromkeys(shown)
-    ]
-    print(
-        f"[rlvr] {config.task}, {len(rows)} problems, {mode}, 95% intervals: " + ", ".join(parts),
-        file=sys.stderr,
-    )
-
-
-def _pass_ks(n: int) -> list[int]:
-    """The k of pass@k that `rlvr eval` reports for n samples per problem: 1, the powers of
-    two below n, and n."""
-    return sorted({1, n, *(2**i for i in range(1, n.bit_length()) if 2**i < n)})
-
-
-def _thinking_budget(
-    config: EvalConfig, model, tokenizer, rows, task, budgets: list[int | None]
-) -> None:
-    """`rlvr eval --thinking-budget`: print the curve's table, write its figure and json."""
-    from pathlib import Path
-
-    from rlvr.report.plots import format_table, plot_thinking_budget
-    from rlvr.train.evaluate import thinking_budget_curve
-
-    curve = thinking_budget_curve(
-        model,
-        tokenizer,
-        rows,
-        task.score,
-        budgets=budgets,
-        temperature=config.temperature,
-        num_samples=config.num_samples,
-        seed=config.seed,
-    )
-    print(format_table(curve))
-    figure = plot_thinking_budget(curve, config.out, title=f"thinking budget: {config.model}")
-    Path(figure).with_suffix(".json").write_text(json.dumps(curve, indent=2))
-    print(f"[rlvr] figure: {figure}")
+    run_eval(config)
 
 
 def pipeline(config: PipelineConfig) -> None:

@@ -11,14 +11,44 @@ import dataclasses
 import json
 import multiprocessing
 import resource
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from rlvr.config import UserError
-from rlvr.pipelines.lab import LabConfig, run_lab
+from rlvr.pipelines.lab import LabConfig, resolve, run_lab
 from rlvr.report.run_dir import read_jsonl
 from rlvr.report.stats import format_interval
+from rlvr.train.config import GRPOConfig
+
+
+def _compare_train_default() -> LabConfig:
+    """What every recipe of `rlvr compare` trains by default: 60 steps, overwriting, quiet."""
+    return LabConfig(overwrite=True, progress=False, grpo=GRPOConfig(steps=60))
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """`rlvr compare`: several recipes on the same task, base model, seed and budget."""
+
+    recipes: str = "grpo,rloo,dr_grpo,dapo,gspo"
+    """Comma-separated recipe names (see `rlvr recipes`)."""
+    name: str = "compare"
+    """The comparison's directory under --runs-dir (each recipe gets NAME-RECIPE beside it)."""
+    train: LabConfig = field(default_factory=_compare_train_default)
+    """The lab's settings for every recipe: `rlvr train`'s flags under --train. (--train.runs-dir,
+    --train.seed, --train.model, --train.grpo.steps, ...). Each recipe fills the grpo fields
+    left at their defaults; to set a recipe's switch back to its default, use --train.set."""
+
+
+def run_compare(config: CompareConfig) -> dict[str, dict[str, Any]]:
+    """`rlvr compare`: check every recipe (an unknown name or an impossible setting is refused
+    before the first child starts), then `compare_recipes`; returns its table rows."""
+    recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
+    for recipe in recipes:  # an unknown name or impossible setting: before the first child
+        resolve(dataclasses.replace(config.train, recipe=recipe))
+    return compare_recipes(recipes, config.train, config.name)
 
 
 def run_recipe(config: LabConfig) -> dict[str, Any]:
