@@ -10,9 +10,10 @@ directly, on the same completions (the answer in ``\\boxed{}``) and references: 
 (rlvr's exact Decimal fast path) and LaTeX answers written differently from the reference
 (``\\frac{2a}{2b}`` for ``\\frac{a}{b}``, so both go through sympy). Every item is distinct, so
 no parse cache helps; half of the answers are wrong. ``--baseline REV`` also times the math
-verifier as it was at git revision REV (its ``src/rlvr/verifiers/math.py``, loaded beside the
-current one) in the same run, so before and after share the machine's load. It shares the
-current symbolic worker and its caches, so it gets items of its own (same kinds, another seed).
+verifier as it was at git revision REV (its ``src/rlvr/verifiers/math.py``, and its
+``math_extract.py`` where REV has one, loaded beside the current ones) in the same run, so before
+and after share the machine's load. It shares the current symbolic worker and its caches, so it
+gets items of its own (same kinds, another seed).
 
 Lengths (``--lengths``): ms per call of each in-process verifier, and of the code verifier's
 extraction (the part that reads the completion), on completions of 1 kB, 10 kB, 100 kB and
@@ -80,19 +81,39 @@ def rlvr_math(items: list[tuple[str, str]], score: Callable[..., float] = math_s
     return sum(score(completion, gold) for completion, gold in items)
 
 
-def baseline_score(revision: str) -> Callable[..., float]:
-    """``score`` of src/rlvr/verifiers/math.py as it was at a git revision."""
+def _module_at(revision: str, name: str, *, required: bool = True) -> Any:
+    """src/rlvr/verifiers/NAME.py as it was at a git revision, run as a module of its own;
+    None when the file is not there and not ``required``."""
     root = Path(__file__).resolve().parents[1]
-    source = subprocess.run(
-        ["git", "show", f"{revision}:src/rlvr/verifiers/math.py"],
+    shown = subprocess.run(
+        ["git", "show", f"{revision}:src/rlvr/verifiers/{name}.py"],
         cwd=root,
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout
-    spec = importlib.util.spec_from_loader("rlvr_math_baseline", loader=None)
+        check=required,
+    )
+    if shown.returncode:
+        return None
+    spec = importlib.util.spec_from_loader(f"rlvr_{name}_baseline", loader=None)
     module: Any = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    exec(compile(source, f"{revision}:math.py", "exec"), module.__dict__)
+    exec(compile(shown.stdout, f"{revision}:{name}.py", "exec"), module.__dict__)
+    return module
+
+
+def baseline_score(revision: str) -> Callable[..., float]:
+    """``score`` of src/rlvr/verifiers/math.py as it was at a git revision, with the
+    math_extract.py of that revision where it has one (math.py imports it)."""
+    extract = _module_at(revision, "math_extract", required=False)
+    key, current = "rlvr.verifiers.math_extract", sys.modules.get("rlvr.verifiers.math_extract")
+    if extract is not None:
+        sys.modules[key] = extract  # only while math.py's imports run
+    try:
+        module = _module_at(revision, "math")
+    finally:
+        if current is not None:
+            sys.modules[key] = current
+        else:
+            sys.modules.pop(key, None)
     return module.score
 
 

@@ -431,7 +431,7 @@ def test_internal_errors_score_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object) -> None:
         raise RecursionError("sympy blew up")
 
-    monkeypatch.setattr(math_verifier, "_locate_final_answer", boom)
+    monkeypatch.setattr(math_verifier, "locate_final_answer", boom)
     assert verify("#### 825", "825") == (
         0.0,
         {"extracted": None, "reason": "error", "method": None},
