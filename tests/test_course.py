@@ -179,39 +179,19 @@ def test_a_directory_it_did_not_write_is_refused(mini: Path, tmp_path: Path) -> 
     assert (out / "notes.txt").read_text() == "mine"
 
 
+def course_build(out: Path, source: Path) -> subprocess.CompletedProcess:
+    """`rlvr course build OUT --source SOURCE` in a process of its own."""
+    command = [sys.executable, "-m", "rlvr", "course", "build", str(out), "--source", str(source)]
+    return subprocess.run(command, capture_output=True, text=True)
+
+
 def test_the_command_line_says_one_line(mini: Path, tmp_path: Path) -> None:
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("")
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlvr",
-            "course",
-            "build",
-            str(tmp_path / "taken"),
-            "--source",
-            str(mini),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    run = course_build(tmp_path / "taken", mini)
     assert run.returncode == 2
     assert run.stderr.count("\n") == 1 and run.stderr.startswith("rlvr: error: ")
-    ok = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlvr",
-            "course",
-            "build",
-            str(tmp_path / "s"),
-            "--source",
-            str(mini),
-        ],
-        capture_output=True,
-        text=True,
-    )
+    ok = course_build(tmp_path / "s", mini)
     assert ok.returncode == 0, ok.stderr
     assert "2 slides" in ok.stdout and (tmp_path / "s" / "index.html").is_file()
 
