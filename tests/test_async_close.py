@@ -63,10 +63,10 @@ class SlowLoads:
         self.loads += 1
 
 
-def async_rollout(engine, close_timeout_s: float) -> AsyncRollout:
+def async_rollout(engine, close_timeout_s: float = 60.0, timeout_s: float = 60.0) -> AsyncRollout:
     plan = build_plan(GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=4)).sampling
     rollout = Rollout(engine, rows(), [math_reward], [1.0], plan, pad_id=0)
-    return AsyncRollout(rollout, ahead=1, timeout_s=60.0, close_timeout_s=close_timeout_s)
+    return AsyncRollout(rollout, ahead=1, timeout_s=timeout_s, close_timeout_s=close_timeout_s)
 
 
 def test_a_stuck_collect_does_not_hang_close_it_waits_the_bound_and_warns(monkeypatch, capfd):
@@ -232,10 +232,7 @@ def test_drain_before_a_checkpoint_times_out_with_the_threads_name(capfd):
 
     model, tokenizer = tiny()
     engine = StuckAfterFirst(HFEngine(model, tokenizer))
-    plan = build_plan(GRPOConfig(prompts_per_step=2, group_size=2, max_new_tokens=4)).sampling
-    rollout = AsyncRollout(
-        Rollout(engine, rows(), [math_reward], [1.0], plan, pad_id=0), ahead=1, timeout_s=1.0
-    )
+    rollout = async_rollout(engine, timeout_s=1.0)
     rollout.collect(torch.Generator().manual_seed(0), StepTimer())
     assert engine.stuck.wait(10)
     start = time.monotonic()

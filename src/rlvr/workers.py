@@ -97,3 +97,13 @@ def wait_for(
             if waited >= timeout_s:
                 raise WorkerError(worker, f"did not answer within {timeout_s:.0f} s") from None
             print(f"[rlvr] waiting for {worker} ({waited:.0f} s)", file=sys.stderr, flush=True)
+
+
+def wait_settled(future: Future, worker: str, timeout_s: float, heartbeat_s: float = 60.0) -> bool:
+    """`wait_for`, but the work's own outcome is not raised: True once the future is done
+    (a result or an error of its own), False when `timeout_s` passed with it still running."""
+    try:
+        wait_for(future, worker, timeout_s, heartbeat_s)
+    except Exception:
+        return future.done()
+    return True

@@ -55,7 +55,7 @@ from rlvr.rollout.weight_transport import (
     unpack_state_dict,
     weight_group,
 )
-from rlvr.workers import WorkerError, wait_for
+from rlvr.workers import WorkerError, wait_settled
 
 PLACEMENTS = ("separate", "colocated")
 
@@ -321,14 +321,12 @@ class RayEngine:
             target=_run_into, args=(done, teardown), name="rlvr-ray-close", daemon=True
         ).start()
         bound = min(self.close_timeout_s, self.timeout_s)
-        try:
-            wait_for(done, what, bound, CLOSE_HEARTBEAT_S)
-        except WorkerError:
-            if done.done():  # the teardown's own error
-                raise
-            warn(f"{what} did not end within {bound:g} s; going on without it")
-            if started:
-                atexit.unregister(ray.shutdown)
+        if wait_settled(done, what, bound, CLOSE_HEARTBEAT_S):
+            done.result()  # the teardown's own error, if it had one
+            return
+        warn(f"{what} did not end within {bound:g} s; going on without it")
+        if started:
+            atexit.unregister(ray.shutdown)
 
     def __enter__(self) -> RayEngine:
         return self

@@ -27,7 +27,7 @@ from rlvr.rollout.sampler import RolloutBatch, concat_batches, select_rows
 from rlvr.tasks.rewards import RewardFn, reward_columns, total_rewards
 from rlvr.train.config import SamplingPlan
 from rlvr.train.distributed import DistContext, broadcast_object
-from rlvr.workers import torch_threads, wait_for
+from rlvr.workers import WorkerError, torch_threads, wait_for, wait_settled
 
 
 class HasWeights(Protocol):
@@ -234,14 +234,10 @@ class AsyncRollout:
         line and, past `timeout_s` in all, raises `WorkerError` rather than checkpoint a
         generator still in use."""
         deadline = time.monotonic() + self.timeout_s
-        for future, _ in self.queued:
-            try:
-                left = max(0.0, deadline - time.monotonic())
-                wait_for(future, "the rollout thread (queued rollouts, before a checkpoint)", left)
-            except Exception:
-                if not future.done():  # the wait timed out: the thread still runs
-                    raise
-                # the work's own error: raised by the collect that takes it
+        worker = "the rollout thread (queued rollouts, before a checkpoint)"
+        for future, _ in self.queued:  # an error of the work's own: raised by its collect
+            if not wait_settled(future, worker, max(0.0, deadline - time.monotonic())):
+                raise WorkerError(worker, f"did not answer within {self.timeout_s:.0f} s")
 
     def close(self, wait: bool = True) -> None:
         """Cancel the queued work and stop the thread after its running call. With `wait`
@@ -260,16 +256,14 @@ class AsyncRollout:
         bound = min(self.close_timeout_s, self.timeout_s)
         deadline = time.monotonic() + bound
         for future, what in running:  # at most one: the thread runs one call at a time
-            try:
-                left = max(0.0, deadline - time.monotonic())
-                wait_for(future, f"the rollout thread to finish {what}", left, CLOSE_HEARTBEAT_S)
-            except Exception:
-                if not future.done():  # the bound passed, not an error of the call's own
-                    warn(
-                        f"the rollout thread was still {what} {bound:g} s after the run asked "
-                        "it to stop; going on without it"
-                    )
-                    return
+            left = max(0.0, deadline - time.monotonic())
+            worker = f"the rollout thread to finish {what}"
+            if not wait_settled(future, worker, left, CLOSE_HEARTBEAT_S):
+                warn(
+                    f"the rollout thread was still {what} {bound:g} s after the run asked "
+                    "it to stop; going on without it"
+                )
+                return
 
     def _submit(self, what: str, fn: Callable[..., Any], *args: Any) -> Future:
         """`fn(*args)` queued on the thread; `what` names it in `close`'s lines."""
