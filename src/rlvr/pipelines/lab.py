@@ -273,9 +273,10 @@ RESUME_FREE = (
     "report_to",
 )
 """Fields that a resume takes from the call, not from the saved config.yaml (where the run
-samples may change: a resume on Ray workers continues a run begun in one process). The
-placement is the saved one when the call gives none, so a bare `--resume` of a Ray run
-resumes on Ray with as many actors."""
+samples may change: a resume on Ray workers continues a run begun in one process)."""
+KEPT_UNLESS_GIVEN = ("rollout", "report_to")
+"""Of those, the ones a call that leaves them at their default keeps from the saved config: a
+bare `--resume` of a Ray run resumes on Ray with as many actors, logging where it logged."""
 
 
 def resume_config(config: LabConfig) -> LabConfig:
@@ -303,6 +304,11 @@ def resume_config(config: LabConfig) -> LabConfig:
             f"--resume continues {run_dir} with its saved config.yaml; these settings differ "
             f"from it and would be ignored, so they are refused: {', '.join(differ)}"
         )
+    unset = LabConfig()
+    taken = {
+        key: getattr(saved if getattr(config, key) == getattr(unset, key) else config, key)
+        for key in KEPT_UNLESS_GIVEN
+    }
     return dataclasses.replace(
         saved,
         runs_dir=str(run_dir.parent),
@@ -311,8 +317,7 @@ def resume_config(config: LabConfig) -> LabConfig:
         progress=config.progress,
         device=config.device,
         dtype=config.dtype,
-        rollout=config.rollout if config.rollout != RolloutPlacement() else saved.rollout,
-        report_to=config.report_to if config.report_to != "none" else saved.report_to,
+        **taken,
     )
 
 
