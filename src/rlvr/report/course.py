@@ -90,8 +90,8 @@ class Sources:
     root: Path
     results: dict[str, Result]
     cited: dict[str, Cited]
-    numbers: list[dict[str, Any]]  # every number filled in, for numbers.json
-    cache: dict[str, Any]
+    numbers: list[dict[str, Any]] = field(default_factory=list)  # filled in, for numbers.json
+    cache: dict[str, Any] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)  # every result a page names
 
     def value(self, name: str) -> Any:
@@ -131,7 +131,7 @@ def load_sources(root: Path) -> Sources:
             if name in cited:
                 raise CourseError(f"{path}: {name}: named twice among the cited*.yaml files")
             cited[name] = Cited(name, str(entry["value"]), str(entry["source"]))
-    return Sources(root, results, cited, [], {})
+    return Sources(root, results, cited)
 
 
 def _yaml_mapping(path: Path) -> dict[str, Any]:
@@ -436,13 +436,13 @@ def build(out: Path, source: Path | None = None) -> dict[str, Any]:
     check_out(out)
     root = (source or default_source()).resolve()
     sources = load_sources(root)
-    pages: dict[str, str] = {}
-    for name in ("document.md", "script.md", "lab.md"):
-        path = root / name
-        pages[PAGES[name][0]] = page_html(name, to_html(_read(path), path, sources, PAGES[name][0]))
+    texts = {name: _read(root / name) for name in ("document.md", "script.md", "lab.md")}
+    pages = {
+        PAGES[name][0]: page_html(name, to_html(text, root / name, sources, PAGES[name][0]))
+        for name, text in texts.items()
+    }
     pages["slides.html"], titles = slides_html(sources)
-    figures = {n: r for n, r in sources.results.items() if r.file.suffix == ".png"}
-    used = {n for n in figures if any(f'src="figures/{n}.png"' in text for text in pages.values())}
+    figures = [n for n in sorted(sources.used) if sources.results[n].file.suffix == ".png"]
     manifest = {
         "slides": titles,
         "numbers": sources.numbers,
@@ -450,7 +450,7 @@ def build(out: Path, source: Path | None = None) -> dict[str, Any]:
             n: {"file": str(r.file.relative_to(root)), "command": r.command}
             for n, r in sorted(sources.results.items())
         },
-        "words": {"document.md": count_words(_read(root / "document.md"))},
+        "words": {"document.md": count_words(texts["document.md"])},
         "used": sorted(sources.used),
     }
     prepare_out(out)
@@ -458,8 +458,8 @@ def build(out: Path, source: Path | None = None) -> dict[str, Any]:
     for name, text in sorted(pages.items()):
         (out / name).write_text(text)
     (out / "figures").mkdir()
-    for name in sorted(used):
-        shutil.copyfile(figures[name].file, out / "figures" / f"{name}.png")
+    for name in figures:
+        shutil.copyfile(sources.results[name].file, out / "figures" / f"{name}.png")
     for name in THEME:
         shutil.copyfile(root / "theme" / name, out / name)
     shutil.copytree(root / "vendor", out / "vendor")
