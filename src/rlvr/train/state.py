@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,7 @@ def build_state(
     reference: bool = False,
     critic_lr: float | None = None,
     dist_ctx: DistContext | None = None,
+    schedule: Callable[[int], float] | None = None,
 ) -> TrainState:
     """A fresh state: AdamW on the policy's trainable parameters (a LoRA policy's adapters) with
     a linear warm-up to a constant LR, the sampling generator and torch's global RNG seeded with
@@ -87,6 +89,8 @@ def build_state(
     (a sharded model cannot be deep-copied into a plain one) and sharded the same way (the
     critic's gradients averaged: every rank trains it on the whole batch); the optimizers are
     built last, over the sharded parameters (each rank's AdamW holds its shards' moments).
+    `schedule(step)` is the LR multiplier after `step` scheduler steps (SFT's warm-up and
+    cosine); None: the linear warm-up over `warmup_steps` to a constant LR.
     The random streams are drawn in the same order as in one process. A LoRA policy is refused
     there (`ConfigError`): its adapter-only checkpoints and disabled-adapter reference are not
     built for sharded weights."""
@@ -110,8 +114,13 @@ def build_state(
                 shard_model(model, dist_ctx)
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
-    warmup = max(1, warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    if schedule is None:
+        warmup = max(1, warmup_steps)
+
+        def schedule(s: int) -> float:
+            return min(1.0, (s + 1) / warmup)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     state = TrainState(policy, optimizer, scheduler, generator, dist_ctx=dist_ctx)
     state.reference, state.reference_is_base = frozen, reference and is_lora(policy)
     if critic is not None:
