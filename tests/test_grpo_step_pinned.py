@@ -4,7 +4,8 @@ restructure (rtol 1e-4). A move that changes what a step computes breaks this te
 The model is the untrained 32-wide tiny model; the reward counts distinct characters in a
 completion, so every group has spread and every switch (clip, KL, critic, dynamic sampling,
 overlong shaping, several workers and micro-batches) does real work. The values were recorded
-on main at c9da05e by running this file with RLVR_PIN_PRINT=1. The loss sits near 0 where the
+on main at c9da05e by running this file with RLVR_PIN_PRINT=1 (lora, teacher and async at
+5580cf1). The loss sits near 0 where the
 advantages are centred on-policy, so it is also compared to 1e-6 absolute.
 
 The lab's own numbers are checked in tests/test_lab_numbers.py (`pytest -m slow`): a band that
@@ -17,7 +18,8 @@ import os
 import pytest
 import torch
 
-from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from rlvr.models.lora import LoRAConfig, apply_lora
+from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
@@ -52,7 +54,14 @@ CASES = {
     "no-shared-prompts": dataclasses.replace(
         BASE, share_prompt_forward=False, micro_batch_tokens=64, mask_truncated=True
     ),
+    # a LoRA policy (`lora=True` below) with beta > 0: the reference is the adapters-off base
+    "lora": dataclasses.replace(BASE, beta=0.04, lr=1e-2),
+    # on-policy distillation: `teacher` is filled in with a saved tiny model's directory
+    "teacher": recipe_config("opd", dataclasses.replace(BASE, prompts_per_step=8)),
+    "async": dataclasses.replace(BASE, async_steps=1, rollout_correction="tis"),
 }
+LORA_CASES = {"lora"}
+TEACHER_CASES = {"teacher"}
 
 EXPECTED: dict[str, list[dict[str, float]]] = {
     "grpo": [
@@ -123,6 +132,30 @@ EXPECTED: dict[str, list[dict[str, float]]] = {
         },
         {"loss": 1.4150903224945068, "grad_norm": 3.2534849643707275, "reward/mean": 1.046875},
     ],
+    "lora": [
+        {
+            "loss": -0.22219444811344147,
+            "grad_norm": 0.05156711861491203,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": -0.14564216136932373, "grad_norm": 0.04182475432753563, "reward/mean": 1.046875},
+    ],
+    "teacher": [
+        {
+            "loss": 0.010117189027369022,
+            "grad_norm": 0.0660727396607399,
+            "reward/mean": 0.9700521230697632,
+        },
+        {"loss": 0.006834678817540407, "grad_norm": 0.06508143991231918, "reward/mean": 1.03125},
+    ],
+    "async": [
+        {
+            "loss": -0.22219444811344147,
+            "grad_norm": 0.7156049609184265,
+            "reward/mean": 0.9114583730697632,
+        },
+        {"loss": -0.1441410928964615, "grad_norm": 0.5918859243392944, "reward/mean": 1.046875},
+    ],
 }
 
 
@@ -131,11 +164,15 @@ def distinct_reward(prompts, completions, **_):
     return [len(set(c)) / 12 for c in completions]
 
 
-def run_two_steps(config: GRPOConfig, tmp_path) -> list[dict[str, float]]:
+TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+
+
+def run_two_steps(config: GRPOConfig, tmp_path, lora: bool = False) -> list[dict[str, float]]:
     torch.set_num_threads(2)
     tokenizer = build_char_tokenizer()
-    tiny = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
-    model = build_tiny_model(tiny, tokenizer, seed=0)
+    model = build_tiny_model(TINY, tokenizer, seed=0)
+    if lora:
+        model = apply_lora(model, LoRAConfig(rank=4), seed=0)
     task = ArithmeticTaskConfig(digits=2)
     rows = ({"prompt": p.prompt, "answer": p.answer} for p in arithmetic.train_problems(task, 3))
     records = train_grpo(
@@ -154,7 +191,12 @@ def run_two_steps(config: GRPOConfig, tmp_path) -> list[dict[str, float]]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_seeded_steps_give_the_pinned_numbers(name, tmp_path):
-    got = run_two_steps(CASES[name], tmp_path)
+    config = CASES[name]
+    if name in TEACHER_CASES:
+        teacher = build_tiny_model(TINY, build_char_tokenizer(), seed=3)
+        directory = save_model(teacher, build_char_tokenizer(), tmp_path / "teacher")
+        config = dataclasses.replace(config, teacher=str(directory))
+    got = run_two_steps(config, tmp_path / "run", lora=name in LORA_CASES)
     if os.environ.get("RLVR_PIN_PRINT"):
         print(f"PIN {name!r}: {got!r},")
         return
