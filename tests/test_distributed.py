@@ -26,7 +26,7 @@ from rlvr.models.logprobs import completion_logprobs
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.timer import StepTimer
-from rlvr.rollout.sampler import RolloutBatch, rollout_batch
+from rlvr.rollout.sampler import RolloutBatch, rollout_batch, select_rows
 from rlvr.train.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -47,6 +47,7 @@ from rlvr.train.distributed import (
 from rlvr.train.grpo import _resume_or_evaluate
 from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.state import TrainState, build_state
+from rlvr.train.teacher import Teacher
 from rlvr.workers import WorkerError
 from tests.helpers import close
 
@@ -153,6 +154,38 @@ def _critic_case(ctx: DistContext) -> dict:
     out["weights"] = learner.state_dict()
     out["critic"] = full_state_dict(state.critic)
     out["reference"] = full_state_dict(state.reference)
+    return out
+
+
+SPLIT_ROWS = (5, 1)
+"""Batch sizes of the split no-grad forwards: 5 rows on 2 ranks are blocks of 3 and 2 (+1 copy);
+1 row leaves rank 1 a block of copies only."""
+
+
+def _split_forwards_case(ctx: DistContext) -> dict:
+    """The four no-grad forwards (reference, critic values, teacher, pi_old) of batches of
+    `SPLIT_ROWS` rows, and the rows each forward call of the teacher got on this rank."""
+    config = GRPOConfig(max_new_tokens=7, group_size=2, beta=0.1)
+    state = build_state(_model(), seed=0, lr=LR, reference=True, critic_lr=LR, dist_ctx=ctx)
+    teacher_model = _model(seed=5).eval().requires_grad_(False)
+    seen: list[int] = []
+
+    def count_rows(module, args, kwargs) -> None:
+        seen.append(len(args[0] if args else kwargs["input_ids"]))
+
+    teacher_model.register_forward_pre_hook(count_rows, with_kwargs=True)
+    teacher = Teacher(teacher_model, temperature=1.0)
+    learner = Learner(state, build_plan(config, ctx.world_size), teacher=teacher)
+    out: dict = {}
+    for n in SPLIT_ROWS:
+        batch = select_rows(_batch(), torch.arange(n))
+        out[n] = {
+            "ref": learner.reference_logprobs(batch),
+            "values": learner.values(batch),
+            "teacher": learner.teacher_logprobs(batch, StepTimer()),
+            "pi_old": learner.policy_logprobs(batch),
+        }
+    out["teacher_rows"] = seen
     return out
 
 
@@ -263,6 +296,7 @@ def _rank(rank: int, port: int, out: str) -> None:
     ctx = init_distributed(CPU, timeout_s=60)
     results = {name: _update_case(name, ctx) for name in UPDATE_CASES}
     results["critic"] = _critic_case(ctx)
+    results["split"] = _split_forwards_case(ctx)
     results["resume"] = _resume_case(ctx, Path(out) / "checkpoints")
     results["chosen_step"] = _chosen_checkpoint_case(ctx, Path(out))
     results["barrier"] = _barrier_lines(ctx)
@@ -331,6 +365,18 @@ def test_two_ranks_reference_critic_and_forwards_as_one_process(ranks):
     _close_dicts(two["weights"], one["weights"])
     _close_dicts(two["critic"], one["critic"])
     _close_dicts(two["reference"], one["reference"])
+
+
+def test_two_ranks_split_the_no_grad_forwards_by_rows_as_one_process(ranks):
+    one = _split_forwards_case(single_process(CPU))
+    two = [_load(ranks, r)["split"] for r in range(WORLD)]
+    for n in SPLIT_ROWS:
+        for key in ("ref", "values", "teacher", "pi_old"):
+            assert one[n][key].shape[0] == n
+            close(two[0][n][key], one[n][key], 1e-6)
+            close(two[1][n][key], one[n][key], 1e-6)  # all-gathered: the same on every rank
+    assert one["teacher_rows"] == [5, 1]  # one process: the whole batch
+    assert two[0]["teacher_rows"] == two[1]["teacher_rows"] == [3, 1]  # ceil(n / 2) rows each
 
 
 def test_two_rank_resume_equals_the_uninterrupted_run(ranks):

@@ -28,20 +28,22 @@ rlvr), and `save_model` handles the tiny model's tied embedding/LM-head weights,
 and numbers, which safetensors cannot hold; they are written with `torch.save` and read back
 with `torch.load(weights_only=True)`, which also refuses to run arbitrary pickled code.
 
-Sharded runs (a `TrainState` whose models FSDP2 shards over N torch.distributed ranks) write
-the same directory with the weights and optimizer moments through `torch.distributed.checkpoint`
+Runs on N torch.distributed ranks (a `TrainState` whose strategy is `FSDP2Strategy`) write the
+same directory with the weights and optimizer moments through `torch.distributed.checkpoint`
 (DCP), each rank writing its own shards: `policy/` (the policy and its optimizer), `reference/`,
 `critic/` (with its optimizer) are DCP directories; `scheduler.pt` and `meta.json` (which then
 records `world_size`) come from rank 0; `rng-<rank>.pt` from each rank. Every rank must see the
-same checkpoints directory (one machine, or a shared file system). A sharded checkpoint resumes
+same checkpoints directory (one machine, or a shared file system). Such a checkpoint resumes
 exactly on the same number of ranks; another number, or one process, is refused, as is a
-one-process checkpoint in a sharded run.
+one-process checkpoint in a run on N ranks. What differs between the two layouts (the model
+files, the RNG file's name, the ranks' agreement) is the strategy's (`train/strategy.py`); what
+a LoRA policy changes (adapter-only weights, the base checksum) is `train/lora_state.py`'s.
 
 Atomicity: everything is written into a hidden sibling `.tmp-step-000123-<pid>/`, each file
 fsynced, the `COMPLETE` marker last, then the directory is renamed to its final name and the
 parent fsynced. A crash or full disk at any point leaves either no `step-000123/` or a complete
 one; the previous checkpoints are only pruned (to `keep_last`) after the new one is in place.
-Sharded, all ranks write into rank 0's temporary directory, agree that every rank's part is
+On N ranks, all write into rank 0's temporary directory, agree that every rank's part is
 written (an all-reduce: a rank that failed makes all of them raise, none waits), and rank 0
 writes the marker and renames.
 """
@@ -50,7 +52,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import random
 import re
@@ -61,28 +62,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors
-import safetensors.torch
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_state_dict,
-    set_model_state_dict,
-    set_state_dict,
-)
 
-from rlvr.models.lora import adapter_state_dict, is_lora
-from rlvr.train.distributed import (
-    DistContext,
-    all_ranks_agree,
-    barrier,
-    broadcast_object,
-    lost_rank_as_error,
-    reshard,
-)
+from rlvr.train.lora_state import LoRACheckpointError, check_checkpoint, checkpoint_meta
 from rlvr.train.state import TrainState
+from rlvr.train.strategy import Parts
 
 FORMAT_VERSION = 1
 MARKER = "COMPLETE"
@@ -182,28 +167,6 @@ def _set_rng_state(state: dict[str, Any], generator: torch.Generator | None) -> 
         generator.set_state(state["generator"])
 
 
-@torch.no_grad()
-def _base_checksum(model: torch.nn.Module) -> float:
-    """Sum of squares (float64) of `model`'s frozen weights: tells one LoRA base from another.
-
-    In chunks, so that a large embedding is never copied to float64 whole."""
-    total = 0.0
-    for param in model.parameters():
-        if not param.requires_grad:
-            for chunk in param.detach().flatten().split(1 << 24):
-                total += chunk.double().square().sum().item()
-    return total
-
-
-def _save_weights(model: torch.nn.Module, path: Path) -> None:
-    """All of a plain model's weights; only the trainable ones (adapters) of a LoRA model."""
-    if is_lora(model):
-        weights = {k: v.detach().contiguous() for k, v in adapter_state_dict(model).items()}
-        safetensors.torch.save_file(weights, str(path))
-    else:
-        safetensors.torch.save_model(model, str(path))
-
-
 def save_checkpoint(
     directory: str | os.PathLike,
     state: TrainState,
@@ -220,26 +183,20 @@ def save_checkpoint(
     new checkpoint is complete, all but the newest `keep_last` complete checkpoints are
     deleted (`None` keeps all). An OSError while writing (a full disk, say) removes the
     temporary directory and raises `CheckpointError` saying which previous checkpoint is intact.
-    A sharded state is saved by every rank together (a collective: all ranks call this).
+    On N ranks every rank saves together (a collective: all ranks call this).
     """
     meta_text = _meta_text(state, extra, keep_last)
-    step, ctx = state.step, state.dist_ctx if state.sharded else None
+    step, strategy = state.step, state.strategy
     directory = Path(directory)
     name = step_dir_name(step)
     final = directory / name
-    pid = os.getpid() if ctx is None else broadcast_object(os.getpid(), ctx)  # rank 0's
-    tmp = directory / f".tmp-{name}-{pid}"
+    tmp = directory / f".tmp-{name}-{strategy.broadcast(os.getpid())}"  # rank 0's pid
     previous = latest_checkpoint(directory)
 
     try:
-        if ctx is None:
-            _fresh_dir(tmp)
-            _write_local_files(tmp, state, meta_text)
-            _publish(tmp, final)
-        else:
-            _save_sharded(tmp, final, state, meta_text, ctx)
+        _write_files(tmp, final, state, meta_text)
     except (OSError, CheckpointException) as err:
-        if ctx is None or ctx.is_main:
+        if strategy.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
         full = getattr(err, "errno", None) == errno.ENOSPC
         reason = "the disk is full" if full else "an OS error"
@@ -253,11 +210,10 @@ def save_checkpoint(
             f"step {step}. {kept}"
         ) from err
 
-    if keep_last is not None and (ctx is None or ctx.is_main):
+    if keep_last is not None and strategy.is_main:
         for _, old in _complete_checkpoints(directory)[:-keep_last]:
             _remove_dir(old)
-    if ctx is not None:
-        barrier(ctx, "the end of a checkpoint")
+    strategy.barrier("the end of a checkpoint")
     return final
 
 
@@ -279,12 +235,7 @@ def _meta_text(state: TrainState, extra: dict[str, Any] | None, keep_last: int |
         "data_position": data_position,
         "extra": extra if extra is not None else {},
     }
-    if state.sharded:
-        meta["world_size"] = state.world_size
-    lora = {key: _base_checksum(m) for key, m in models.items() if is_lora(m)}
-    if lora:  # only for LoRA runs: other checkpoints stay as they were
-        meta["adapter_only"] = lora
-        meta["reference_is_base"] = state.reference_is_base
+    meta |= state.strategy.checkpoint_meta() | checkpoint_meta(models, state.reference_is_base)
     try:
         return json.dumps(meta, indent=2, sort_keys=True)
     except (TypeError, ValueError) as err:
@@ -299,16 +250,25 @@ def _fresh_dir(tmp: Path) -> None:
     tmp.mkdir()
 
 
-def _write_local_files(tmp: Path, state: TrainState, meta_text: str) -> None:
-    """One process's checkpoint files: weights (safetensors), optimizer and scheduler states,
-    RNG states, meta.json."""
-    for key, model in state.modules().items():
-        _write(tmp / f"{key}.safetensors", lambda p, m=model: _save_weights(m, p))
-    for key, obj in state.stateful().items():
-        _write(tmp / f"{key}.pt", lambda p, o=obj: torch.save(o.state_dict(), p))
+def _write_files(tmp: Path, final: Path, state: TrainState, meta_text: str) -> None:
+    """Rank 0 (or the one process) makes `tmp`; every rank writes its models and optimizers
+    (`Strategy.save_models`: safetensors and .pt files, or DCP shards) and its RNG states; rank
+    0 writes the scheduler, meta.json and the marker and renames `tmp` to `final`. On N ranks
+    each phase ends with the ranks agreeing that it worked (an OSError on any rank raises on
+    all; `Strategy.agreed`)."""
+    strategy = state.strategy
+    strategy.agreed(lambda: _fresh_dir(tmp), main_only=True)
+    strategy.save_models(tmp, _parts(state), _write)
     rng = _rng_state(state.generator)
-    _write(tmp / "rng.pt", lambda p: torch.save(rng, p))
-    _write(tmp / "meta.json", lambda p: p.write_text(meta_text))
+    strategy.agreed(lambda: _write(tmp / strategy.rng_file(), lambda p: torch.save(rng, p)))
+
+    def finish() -> None:
+        if state.scheduler is not None:
+            _write(tmp / "scheduler.pt", lambda p: torch.save(state.scheduler.state_dict(), p))
+        _write(tmp / "meta.json", lambda p: p.write_text(meta_text))
+        _publish(tmp, final)
+
+    strategy.agreed(finish, main_only=True)
 
 
 def _publish(tmp: Path, final: Path) -> None:
@@ -325,60 +285,14 @@ def _publish(tmp: Path, final: Path) -> None:
     _fsync_path(final.parent)
 
 
-def _sharded_parts(
-    state: TrainState,
-) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
-    """The DCP directories of a sharded state: each model with the optimizer of its weights."""
+def _parts(state: TrainState) -> Parts:
+    """The state's models, each with the optimizer of its weights, by checkpoint name."""
     parts = {
         "policy": (state.policy, state.optimizer),
         "reference": (state.reference, None),
         "critic": (state.critic, state.critic_optimizer),
     }
     return {key: (m, o) for key, (m, o) in parts.items() if m is not None}
-
-
-def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
-    """This rank's shards of `model`'s weights and `optimizer`'s moments, as DCP saves them and
-    loads into them."""
-    reshard(model)  # a no-grad forward leaves the root's weights gathered
-    if optimizer is None:
-        return {"model": get_model_state_dict(model)}
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    return {"model": model_state, "optimizer": optimizer_state}
-
-
-def _save_sharded(
-    tmp: Path, final: Path, state: TrainState, meta_text: str, ctx: DistContext
-) -> None:
-    """Rank 0 makes `tmp`; every rank writes its shards (DCP) and its RNG states; rank 0 writes
-    the scheduler, meta.json and the marker and renames `tmp` to `final`. Each phase ends with
-    the ranks agreeing that it worked (an OSError on any rank raises on all)."""
-    _agreed(lambda: _fresh_dir(tmp), ctx, main_only=True)
-    with lost_rank_as_error(ctx, "a checkpoint"):
-        for key, (model, optimizer) in _sharded_parts(state).items():
-            dcp.save(_dcp_state(model, optimizer), checkpoint_id=tmp / key)
-    rng = _rng_state(state.generator)
-    _agreed(lambda: _write(tmp / f"rng-{ctx.rank}.pt", lambda p: torch.save(rng, p)), ctx)
-
-    def finish() -> None:
-        _write(tmp / "scheduler.pt", lambda p: torch.save(state.scheduler.state_dict(), p))
-        _write(tmp / "meta.json", lambda p: p.write_text(meta_text))
-        _publish(tmp, final)
-
-    _agreed(finish, ctx, main_only=True)
-
-
-def _agreed(write: Callable[[], None], ctx: DistContext, *, main_only: bool = False) -> None:
-    """Run `write` on every rank (rank 0 only with `main_only`); when it raised OSError on any
-    rank, raise OSError on all of them (the rank's own error where it had one)."""
-    error: OSError | None = None
-    if ctx.is_main or not main_only:
-        try:
-            write()
-        except OSError as err:
-            error = err
-    if not all_ranks_agree(error is None, ctx):
-        raise error or OSError("another rank could not write its part of the checkpoint")
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -411,7 +325,7 @@ def load_checkpoint(path: str | os.PathLike, state: TrainState) -> dict[str, Any
     `state` must hold the objects that were saved (same shapes; a reference, critic or
     scheduler exactly when one was saved): a mismatch raises `CheckpointError` rather than
     resuming with part of the state silently fresh. Also restores the global Python, NumPy,
-    torch and CUDA RNG states. Returns `{"step", "data_position", "extra"}`. A sharded state
+    torch and CUDA RNG states. Returns `{"step", "data_position", "extra"}`. On N ranks it
     loads on every rank together (a collective), from a checkpoint saved by as many ranks.
     """
     path = Path(path)
@@ -445,105 +359,14 @@ def load_checkpoint(path: str | os.PathLike, state: TrainState) -> dict[str, Any
             f"{state.world_size}; resume with the same number (torchrun --nproc-per-node "
             f"{saved_ranks})"
         )
-    if state.sharded:
-        assert state.dist_ctx is not None
-        _load_sharded(path, state, state.dist_ctx)
-    else:
-        _load_local(path, state, meta)
-    _set_rng_state(torch.load(path / _rng_file(state), weights_only=True), generator)
+    try:
+        check_checkpoint(path, models, meta, state.reference_is_base)
+    except LoRACheckpointError as err:
+        raise CheckpointError(str(err)) from err
+    state.strategy.load_models(path, _parts(state))
+    if state.scheduler is not None:
+        scheduler = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True)
+        state.scheduler.load_state_dict(scheduler)
+    _set_rng_state(torch.load(path / state.strategy.rng_file(), weights_only=True), generator)
     state.step, state.data_position = meta["step"], meta["data_position"]
     return {"step": meta["step"], "data_position": meta["data_position"], "extra": meta["extra"]}
-
-
-def _rng_file(state: TrainState) -> str:
-    """`rng.pt` in one process; each rank's own `rng-<rank>.pt` when sharded."""
-    return f"rng-{state.dist_ctx.rank}.pt" if state.sharded and state.dist_ctx else "rng.pt"
-
-
-def _load_local(path: Path, state: TrainState, meta: dict[str, Any]) -> None:
-    """One process's weights (adapters only for LoRA, checked first) and optimizer and
-    scheduler states."""
-    models = state.modules()
-    adapter_only = meta.get("adapter_only", {})
-    _check_lora(path, models, adapter_only, meta.get("reference_is_base", False), state)
-    for key, model in models.items():
-        device = str(next(model.parameters()).device)
-        file = path / f"{key}.safetensors"
-        if key in adapter_only:
-            _load_adapters(model, file, device)
-        else:
-            safetensors.torch.load_model(model, file, strict=True, device=device)
-    for key, obj in state.stateful().items():
-        obj.load_state_dict(torch.load(path / f"{key}.pt", map_location="cpu", weights_only=True))
-
-
-def _load_sharded(path: Path, state: TrainState, ctx: DistContext) -> None:
-    """Every rank reads its shards of each model and optimizer (DCP) and the scheduler."""
-    with lost_rank_as_error(ctx, "loading a checkpoint"):
-        for key, (model, optimizer) in _sharded_parts(state).items():
-            saved = _dcp_state(model, optimizer)
-            dcp.load(saved, checkpoint_id=path / key)
-            if optimizer is None:
-                set_model_state_dict(model, saved["model"])
-            else:
-                set_state_dict(
-                    model,
-                    optimizer,
-                    model_state_dict=saved["model"],
-                    optim_state_dict=saved["optimizer"],
-                )
-    scheduler = torch.load(path / "scheduler.pt", map_location="cpu", weights_only=True)
-    state.scheduler.load_state_dict(scheduler)
-
-
-def _check_lora(
-    path: Path,
-    models: dict[str, torch.nn.Module],
-    adapter_only: dict[str, float],
-    reference_is_base: bool,
-    state: TrainState,
-) -> None:
-    """CheckpointError, before anything is loaded, unless the models are LoRA exactly where the
-    checkpoint's were, with the same adapters on the same base weights, and the reference is
-    the base exactly when it was."""
-    for key, model in models.items():
-        if is_lora(model) != (key in adapter_only):
-            saved = "LoRA adapters" if key in adapter_only else "a full model"
-            raise CheckpointError(
-                f"{path} holds {saved} for {key!r} but the {key} passed "
-                f"{'is' if is_lora(model) else 'is not'} a LoRA model; build it as the run did"
-            )
-        if key not in adapter_only:
-            continue
-        with safetensors.safe_open(path / f"{key}.safetensors", "pt") as file:
-            saved_shapes = {k: tuple(file.get_slice(k).get_shape()) for k in file.keys()}
-        shapes = {k: tuple(p.shape) for k, p in adapter_state_dict(model).items()}
-        if saved_shapes != shapes:
-            differ = sorted(
-                k
-                for k in saved_shapes.keys() | shapes.keys()
-                if saved_shapes.get(k) != shapes.get(k)
-            )
-            raise CheckpointError(
-                f"{path}: the {key}'s adapters differ from the checkpoint's ({len(differ)} "
-                f"names or shapes, e.g. {differ[:2]}); use the LoRA settings the run used"
-            )
-        checksum = _base_checksum(model)
-        if not math.isclose(checksum, adapter_only[key], rel_tol=1e-9):
-            raise CheckpointError(
-                f"{path}: the {key}'s frozen base weights differ from the run's (sum of "
-                f"squares {checksum!r}, saved {adapter_only[key]!r}); resume on the base "
-                "model the run started from"
-            )
-    if reference_is_base != state.reference_is_base:
-        raise CheckpointError(
-            f"{path} was saved with reference_is_base={reference_is_base} but the state has "
-            f"{state.reference_is_base}; pass the same objects the run saved"
-        )
-
-
-def _load_adapters(model: torch.nn.Module, file: Path, device: str) -> None:
-    """Load a LoRA model's trainable weights (checked by `_check_lora`); the frozen base is left
-    as it is."""
-    result = model.load_state_dict(safetensors.torch.load_file(file, device=device), strict=False)
-    assert not result.unexpected_keys, result.unexpected_keys

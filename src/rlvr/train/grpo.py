@@ -49,14 +49,14 @@ from rlvr.train.distributed import (
     DistContext,
     all_ranks_agree,
     broadcast_object,
-    rollout_copy,
     single_process,
 )
 from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.monitor import HackingMonitor, ZeroRewardWatch, sample_records
 from rlvr.train.rollouts import AsyncRollout, BroadcastRollout, Rollout
 from rlvr.train.state import TrainState, build_state
-from rlvr.train.teacher import Teacher, distill_metrics, load_teacher
+from rlvr.train.strategy import make_strategy
+from rlvr.train.teacher import distill_metrics, load_teacher
 from rlvr.workers import WorkerError, default_workers, torch_threads
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
@@ -77,10 +77,9 @@ def grpo_step(
     learner: Learner,
     generator: torch.Generator,
     timer: StepTimer,
-    teacher: Teacher | None = None,
 ) -> StepResult:
-    """One step: B prompts x G completions sampled, verified, and learnt from; with a
-    `teacher` (on-policy distillation), also scored by it token by token."""
+    """One step: B prompts x G completions sampled, verified, and learnt from; with a teacher
+    in the learner (on-policy distillation), also scored by it token by token."""
     # 1. sample and verify: B prompts x G completions, one reward each (DAPO refills groups)
     batch, rewards, metrics = rollout.collect(generator, timer)  # RolloutBatch[N], [N]
     if len(rewards) == 0:  # dynamic sampling found no informative group: nothing to learn
@@ -95,7 +94,7 @@ def grpo_step(
     # 3. reference log-probs: no reference exists, and no forward pass runs, when beta == 0
     with timer("ref_logprobs"):
         ref_logp = learner.reference_logprobs(batch)  # [N, T] | None
-    teacher_logp = teacher.logprobs(batch, timer) if plan.teacher else None  # [N, T] | None
+    teacher_logp = learner.teacher_logprobs(batch, timer)  # [N, T] | None (no teacher)
 
     # 4. advantages: the group family, GAE against the critic's values (PPO), or the
     #    teacher's per-token reverse KL (on-policy distillation, the verifier's mixed in)
@@ -170,7 +169,6 @@ class Trainer:
     state: TrainState
     rollout: Rollout | AsyncRollout | BroadcastRollout
     learner: Learner
-    teacher: Teacher | None = None  # on-policy distillation's frozen scorer
 
 
 def build_trainer(
@@ -193,29 +191,25 @@ def build_trainer(
     default engine then samples with its own copy of the policy, synced after each update,
     and the update keeps one CPU thread fewer (sampling has the other).
 
-    With `dist_ctx` over several ranks (torchrun), the learner trains an FSDP2-sharded copy of
-    `model` (each rank one share of the update's rows, `train/distributed.py`) and `model`
-    itself stays whole: the in-process engine samples with it and every sync gathers the
-    learner's weights into it, so `model` holds the trained weights, as in one process. Rank 0
-    samples and verifies; every rank gets its batch (`BroadcastRollout`).
+    The layout is chosen once, `make_strategy(dist_ctx)` (`train/strategy.py`): with
+    `dist_ctx` over several ranks (torchrun), the learner trains an FSDP2-split copy of
+    `model` (each rank one share of the update's rows and of the no-grad forwards'), and
+    `model` itself stays whole: the in-process engine samples with it and every sync gathers
+    the learner's weights into it, so `model` holds the trained weights, as in one process.
+    Rank 0 samples and verifies; every rank gets its batch (`BroadcastRollout`).
 
     With `teacher` set, the teacher is loaded once (`load_teacher`: frozen, on `model`'s device
-    and dtype; a `TeacherError` when its tokenizer is not `tokenizer`)."""
-    sharded = dist_ctx is not None and dist_ctx.sharded
-    if sharded and config.async_steps > 0:
-        raise ConfigError(
-            "async_steps > 0 with several torchrun ranks is not supported yet: run the "
-            "asynchronous mode in one process (with --ray rollout workers if you like)"
-        )
+    and dtype; a `TeacherError` when its tokenizer is not `tokenizer`) and given to the
+    learner."""
+    strategy = make_strategy(dist_ctx)
+    strategy.check_async(config.async_steps)
     threads = _learner_threads(config.async_steps)
-    workers = (
-        dist_ctx.world_size if sharded else default_workers(model, config.cpu_workers, threads)
-    )
+    workers = strategy.update_workers(default_workers(model, config.cpu_workers, threads))
     plan = build_plan(config, workers, threads)
     teacher = None
     if config.teacher is not None:
         weights_at = next(model.parameters())
-        chunk = 0 if sharded else plan.logprob_chunk_tokens
+        chunk = strategy.chunk_tokens(plan.logprob_chunk_tokens)
         teacher = load_teacher(
             config.teacher,
             tokenizer,
@@ -226,7 +220,7 @@ def build_trainer(
         )
     if plan.gradient_checkpointing:
         enable_gradient_checkpointing(model)
-    policy = rollout_copy(model) if sharded else model  # whole `model` stays the sampler's
+    policy = strategy.learner_copy(model)  # on N ranks the whole `model` stays the sampler's
     state = build_state(
         policy,
         seed=seed,
@@ -236,21 +230,21 @@ def build_trainer(
         reference=plan.reference,
         critic_lr=config.critic_lr if plan.critic else None,
         dist_ctx=dist_ctx,
+        strategy=strategy,
     )
     weights = list(reward_weights) if reward_weights is not None else [1.0] * len(reward_fns)
     if engine is None:
         sampler = copy.deepcopy(model).eval() if plan.async_steps > 0 else model
-        engine = HFEngine(sampler, tokenizer, 1 if sharded else workers)
+        engine = HFEngine(sampler, tokenizer, strategy.engine_workers(workers))
     rollout = Rollout(
         engine, train_rows, reward_fns, weights, plan.sampling, tokenizer.pad_token_id
     )
     if plan.async_steps > 0:
         rollout = AsyncRollout(rollout, plan.async_steps, config.worker_timeout_s)
-    if sharded:
-        rollout = BroadcastRollout(rollout, dist_ctx)
+    rollout = strategy.share_rollout(rollout)
     on_policy = plan.correct is None and plan.async_steps == 0
     agreement = agreement_check(on_policy, engine, next(policy.parameters()).dtype)
-    return Trainer(plan, state, rollout, Learner(state, plan, agreement), teacher)
+    return Trainer(plan, state, rollout, Learner(state, plan, agreement, teacher))
 
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
@@ -330,9 +324,7 @@ def train_grpo(
     )
     with stop.installed(), _update_threads(t.plan), _closing(t, checkpoints, run):
         for step in bar:
-            result = grpo_step(
-                t.plan, t.rollout, t.learner, t.state.generator, StepTimer(), t.teacher
-            )
+            result = grpo_step(t.plan, t.rollout, t.learner, t.state.generator, StepTimer())
             t.state.step = step  # the data position is taken when checkpointing
             nonfinite_in_a_row = (
                 nonfinite_in_a_row + 1 if "update/nonfinite" in result.metrics else 0

@@ -1,45 +1,48 @@
-"""The learner role: the policy, its optimizer and scheduler; the reference and critic when the
-plan needs them. It turns a step's rollouts and advantages into updated weights.
+"""The learner role: the policy, its optimizer and scheduler; the reference, the critic and the
+teacher when the plan needs them. It turns a step's rollouts and advantages into updated
+weights, and scores the rollouts with its models (the no-grad forwards).
 
-In one process this is an object beside the rollout; past one process (a state built with a
-`DistContext` of N ranks: the models FSDP2-sharded) the same calls run on every
-torch.distributed rank, each holding the whole global batch:
+How the work is laid out is the state's `Strategy` (`train/strategy.py`), asked, not tested:
+in one process (`LocalStrategy`) the update shares its rows among worker threads and every
+forward takes the whole batch; on N torch.distributed ranks (`FSDP2Strategy`: the policy,
+reference and critic FSDP2-split, every rank holding the whole global batch, the same calls on
+every rank):
 
-- the update shares the carrying rows among the ranks (the plan's workers are the ranks, one
-  thread each), every micro-batch keeping the whole batch's divisors; the gradients are summed
-  over the ranks by FSDP and the loss, the metrics and the gradient norm are global, the same
-  on every rank and equal to one process's (`update.accumulate_gradients`);
-- the no-grad forwards (`policy_logprobs`, `reference_logprobs`, `values`) and the critic's
-  step run the whole batch on every rank (a sharded forward is a collective: every rank must
-  run the same calls), so their results are the same on every rank;
-- `state_dict()` gathers the full weights, on every rank, for that rank's rollout copy.
+- the update shares the carrying rows among the ranks, every micro-batch keeping the whole
+  batch's divisors; the gradients are summed over the ranks by FSDP and the loss, the metrics
+  and the gradient norm are global, the same on every rank and equal to one process's
+  (`update.rank_gradients`);
+- each no-grad forward (`reference_logprobs`, `values`, `teacher_logprobs`, `policy_logprobs`)
+  runs every rank on its own block of rows and all-gathers the [N, T] result
+  (`Strategy.no_grad_rows`), so the ranks do the batch's work once between them; the critic's
+  step runs the whole batch on every rank (its gradients averaged: the same gradient);
+- `state_dict()` gathers the full weights, on every rank, for that rank's rollout copy;
+- the chunked head and the shared-prompt forward are off (`Strategy.chunk_tokens`,
+  `Strategy.share_prompts`): they call the decoder outside the root module's FSDP hooks.
 
-Sharded forwards take whole logits and a prompt per row: the chunked head and the
-shared-prompt forward call the decoder outside the root module's FSDP hooks, which leaves the
-root's parameters sharded (`logprob_chunk_tokens` and `share_prompt_forward` are ignored there).
+A LoRA policy's reference is its own base with the adapters off (`lora_state.scoring_reference`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from dataclasses import dataclass
 
 import torch
 
 from rlvr.models.logprobs import completion_logprobs
-from rlvr.models.lora import adapters_disabled
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.agreement import AgreementCheck, check_agreement
 from rlvr.train.config import StepPlan
-from rlvr.train.distributed import full_state_dict, lost_rank_as_error, reshard
+from rlvr.train.distributed import reshard
+from rlvr.train.lora_state import scoring_reference
 from rlvr.train.reference import check_reference_sync, sync_reference
 from rlvr.train.state import TrainState
+from rlvr.train.teacher import Teacher
 from rlvr.train.update import (
     UpdateResult,
     UpdateWork,
-    accumulate_gradients,
     critic_step,
     optimizer_step,
     plan_update_work,
@@ -62,20 +65,27 @@ class Learner:
     """Owns `state`'s models and optimizers; every switch it obeys comes resolved in `plan`."""
 
     def __init__(
-        self, state: TrainState, plan: StepPlan, agreement: AgreementCheck | None = None
+        self,
+        state: TrainState,
+        plan: StepPlan,
+        agreement: AgreementCheck | None = None,
+        teacher: Teacher | None = None,
     ) -> None:
         """Raises ValueError when `plan` syncs a reference that is a LoRA policy's base, or
-        when a sharded state's plan has not one worker per rank. `agreement` checks each
-        step's first pass against the sampler's log-probs (`train/agreement.py`; None: no
-        check, for an update that does not start on-policy)."""
+        when the strategy wants another number of update workers than `plan` has (one per
+        rank on N ranks). `agreement` checks each step's first pass against the sampler's
+        log-probs (`train/agreement.py`; None: no check, for an update that does not start
+        on-policy). `teacher`: on-policy distillation's frozen scorer (None: no teacher)."""
         check_reference_sync(state.reference_is_base, plan.ref_sync_every)
-        if state.sharded and plan.workers != state.world_size:
+        self.strategy = state.strategy
+        wanted = self.strategy.update_workers(plan.workers)
+        if wanted != plan.workers:
             raise ValueError(
-                f"a learner sharded over {state.world_size} ranks plans one worker per rank: "
-                f"build_plan(config, workers={state.world_size}), not workers={plan.workers}"
+                f"a learner over {state.world_size} ranks plans one worker per rank: "
+                f"build_plan(config, workers={wanted}), not workers={plan.workers}"
             )
-        self.state, self.plan, self.agreement = state, plan, agreement
-        self.chunk_tokens = 0 if state.sharded else plan.logprob_chunk_tokens
+        self.state, self.plan, self.agreement, self.teacher = state, plan, agreement, teacher
+        self.chunk_tokens = self.strategy.chunk_tokens(plan.logprob_chunk_tokens)
         self._warned = False
         self._agreement_metrics: dict[str, float] = {}
 
@@ -84,42 +94,43 @@ class Learner:
         return self.state.policy
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's weights, for a rollout engine that holds its own copy. Sharded: the
+        """The policy's weights, for a rollout engine that holds its own copy. On N ranks: the
         full weights gathered once per call (a collective: every rank calls it), the same on
-        every rank (`distributed.full_state_dict`)."""
-        with self._ranks("gathering the weights"):
-            return full_state_dict(self.state.policy)
+        every rank (`Strategy.full_state_dict`)."""
+        return self.strategy.full_state_dict(self.state.policy)
 
-    def _ranks(self, what: str) -> contextlib.AbstractContextManager:
-        """Sharded: a rank lost during `what` raises `WorkerError` naming it; else nothing."""
-        if self.state.dist_ctx is None or not self.state.sharded:
-            return contextlib.nullcontext()
-        return lost_rank_as_error(self.state.dist_ctx, what)
+    def _logprobs(self, model: torch.nn.Module, batch: RolloutBatch, what: str) -> torch.Tensor:
+        """[N, T] `model`'s log-probs of the sampled tokens at the sampling temperature, each
+        rank scoring its own rows (`Strategy.no_grad_rows`)."""
+        temperature, chunk = self.plan.sampling.temperature, self.chunk_tokens
+
+        def forward(rows: RolloutBatch) -> torch.Tensor:
+            inputs = rows.model_inputs()
+            return completion_logprobs(model, *inputs, temperature, chunk_tokens=chunk)
+
+        return self.strategy.no_grad_rows(forward, batch, what)
 
     @torch.no_grad()
     def reference_logprobs(self, batch: RolloutBatch) -> torch.Tensor | None:
         """[N, T] log-probs under the reference model; None when there is none (beta == 0).
 
         A LoRA policy's reference is the policy itself with its adapters disabled, in eval mode
-        (as a frozen copy would be); its train/eval mode is restored after."""
-        temperature, chunk = self.plan.sampling.temperature, self.chunk_tokens
-        if self.state.reference is not None:
-            with self._ranks("the reference's forward"):
-                return completion_logprobs(
-                    self.state.reference, *batch.model_inputs(), temperature, chunk_tokens=chunk
-                )
-        if not self.state.reference_is_base:
+        (as a frozen copy would be; `lora_state.scoring_reference`)."""
+        state = self.state
+        with scoring_reference(state.reference, state.policy, state.reference_is_base) as ref:
+            if ref is None:
+                return None
+            return self._logprobs(ref, batch, "the reference's forward")
+
+    @torch.no_grad()
+    def teacher_logprobs(self, batch: RolloutBatch, timer: StepTimer) -> torch.Tensor | None:
+        """[N, T] the teacher's log-probs of the sampled tokens at the sampling temperature
+        (padding positions hold meaningless values), timed as `teacher_logprobs`; None
+        without a teacher."""
+        if self.teacher is None:
             return None
-        policy = self.state.policy
-        was_training = policy.training
-        try:
-            with adapters_disabled(policy):
-                policy.eval()
-                return completion_logprobs(
-                    policy, *batch.model_inputs(), temperature, chunk_tokens=chunk
-                )
-        finally:
-            policy.train(was_training)
+        with timer("teacher_logprobs"):
+            return self.strategy.no_grad_rows(self.teacher.logprobs, batch, "the teacher's forward")
 
     @torch.no_grad()
     def policy_logprobs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -127,21 +138,20 @@ class Learner:
         (pi_old), in training mode as the loss's forward pass runs: the denominator of the
         rollout correction's importance ratio against the engine's behaviour log-probs."""
         self.state.policy.train()
-        with self._ranks("the policy's forward"):
-            return completion_logprobs(
-                self.state.policy,
-                *batch.model_inputs(),
-                self.plan.sampling.temperature,
-                chunk_tokens=self.chunk_tokens,
-            )
+        return self._logprobs(self.state.policy, batch, "the policy's forward")
 
     @torch.no_grad()
     def values(self, batch: RolloutBatch) -> torch.Tensor | None:
-        """[N, T] the critic's values of the sampled tokens; None without a critic."""
-        if self.state.critic is None:
+        """[N, T] the critic's values of the sampled tokens, each rank valuing its own rows;
+        None without a critic."""
+        critic = self.state.critic
+        if critic is None:
             return None
-        with self._ranks("the critic's forward"):
-            return self.state.critic(*batch.model_inputs())
+
+        def forward(rows: RolloutBatch) -> torch.Tensor:
+            return critic(*rows.model_inputs())
+
+        return self.strategy.no_grad_rows(forward, batch, "the critic's forward")
 
     def plan_update(self, data: UpdateBatch) -> UpdateWork:
         """Which rows carry a gradient and how they split into micro-batches per worker."""
@@ -153,7 +163,7 @@ class Learner:
             skip_zero_advantage=self.plan.skip_zero_advantage,
             workers=self.plan.workers,
             micro_batch_tokens=self.plan.micro_batch_tokens,
-            share_prompts=self.plan.share_prompts and not self.state.sharded,
+            share_prompts=self.strategy.share_prompts(self.plan.share_prompts),
         )
 
     def policy_step(
@@ -167,7 +177,7 @@ class Learner:
         state.optimizer.zero_grad(set_to_none=True)
         if first_pass:  # the step's later passes report its first pass's value
             self._agreement_metrics = {}
-        with self._ranks("the policy update"):
+        with self.strategy.ranks("the policy update"):
             result = self._accumulate(data, work)
             if first_pass and self.agreement is not None and work.parts:
                 self._agreement_metrics = self._check_agreement(result.max_abs_log_ratio, work)
@@ -196,7 +206,7 @@ class Learner:
         once per run without one); returns the metric."""
         assert self.agreement is not None
         path = ", ".join(
-            ["FSDP ranks" if self.state.sharded else f"{self.plan.workers} worker thread(s)"]
+            [self.strategy.describe(self.plan.workers)]
             + [f"{len(work.parts)} micro-batch(es)"]
             + (["shared-prompt forward"] if work.shared_prompts else ["a prompt per row"])
             + ([f"head chunked by {self.chunk_tokens} tokens"] if self.chunk_tokens else [])
@@ -209,28 +219,25 @@ class Learner:
 
     def _accumulate(self, data: UpdateBatch, work: UpdateWork) -> UpdateResult:
         """The gradients of one pass over the batch: worker threads in one process, this
-        rank's share of `work` when sharded."""
-        state, plan = self.state, self.plan
-        return accumulate_gradients(
-            state.policy,
+        rank's share of `work` on N ranks (`Strategy.accumulate`)."""
+        plan = self.plan
+        return self.strategy.accumulate(
+            self.state.policy,
             data.rollout,
             work,
-            data.advantages,
-            data.loss_mask,
-            data.ref_logp,
+            (data.advantages, data.loss_mask, data.ref_logp),
             plan.loss_fn,
             plan.sampling.temperature,  # the loss scores the distribution sampled from
             plan.workers,
-            logprob_chunk_tokens=self.chunk_tokens,
-            dist_ctx=state.dist_ctx,
+            self.chunk_tokens,
         )
 
     def critic_step(self, data: UpdateBatch, timer: StepTimer) -> dict[str, float]:
-        """One step of PPO's value model on the batch (sharded: the whole batch on every rank,
-        the gradients averaged over the ranks: the same gradient)."""
+        """One step of PPO's value model on the batch (on N ranks: the whole batch on every
+        rank, the gradients averaged over the ranks: the same gradient)."""
         assert self.state.critic is not None and self.state.critic_optimizer is not None
         assert data.values is not None and data.returns is not None
-        with timer("critic"), self._ranks("the critic's update"):
+        with timer("critic"), self.strategy.ranks("the critic's update"):
             return critic_step(
                 self.state.critic,
                 self.state.critic_optimizer,
@@ -246,6 +253,6 @@ class Learner:
         """Every `ref_sync_every` steps, move the reference toward the policy (0: never)."""
         every, reference = self.plan.ref_sync_every, self.state.reference
         if reference is not None and every > 0 and step % every == 0:
-            reshard(reference)  # sharded: shard by shard, none left gathered by a forward
+            reshard(reference)  # FSDP2: shard by shard, none left gathered by a forward
             reshard(self.state.policy)
             sync_reference(reference, self.state.policy, self.plan.ref_sync_alpha)

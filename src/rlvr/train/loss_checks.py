@@ -16,9 +16,9 @@ The identities, each with its tolerance in its detail line:
 - **split: micro-batches** and **split: ranks**: the step's gradient (of a freshly initialised
   tiny model) and loss are the same for one micro-batch, two, many uneven ones, two worker
   threads, and two simulated torch.distributed ranks (each rank's share run by the learner's
-  own rank code, `_rank_gradients`, in a one-process gloo group; the ranks' gradients summed as
-  FSDP2 sums them). Float32 (the log-probs' log-softmax runs in float32): relative tolerance
-  `GRAD_RTOL` of the largest gradient entry.
+  own rank code, `update.rank_gradients` through `FSDP2Strategy.accumulate`, in a one-process
+  gloo group; the ranks' gradients summed as FSDP2 sums them). Float32 (the log-probs'
+  log-softmax runs in float32): relative tolerance `GRAD_RTOL` of the largest gradient entry.
 - **Dr. GRPO denominator** (`aggregation=seq-mean-token-sum-norm`): at ratio 1 every completion
   token's gradient is `-A_b / (max_len x sequences)`, and stays so when one completion is cut
   shorter (no other token's weight moves). Float64, `EXACT_RTOL`.
@@ -65,6 +65,7 @@ from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train import update
 from rlvr.train.config import GRPOConfig, StepPlan, build_plan
 from rlvr.train.distributed import DistContext
+from rlvr.train.strategy import make_strategy
 from rlvr.workers import torch_threads
 
 CHECK_MAX_NEW_TOKENS = 48
@@ -330,18 +331,16 @@ def _step_gradient(
     loss, grad = 0.0, torch.zeros(sum(p.numel() for p in params))
     for ctx in contexts or [None]:
         policy.zero_grad(set_to_none=True)
-        result = update.accumulate_gradients(
+        strategy = make_strategy(ctx)  # a rank's: FSDP2Strategy's own rank code
+        result = strategy.accumulate(
             policy,
             inputs.batch,
             work,
-            inputs.advantages,
-            inputs.loss_mask,
-            inputs.ref_logp,
+            (inputs.advantages, inputs.loss_mask, inputs.ref_logp),
             plan.loss_fn,
             plan.sampling.temperature,
             ranks or workers,
-            logprob_chunk_tokens=0 if ranks else plan.logprob_chunk_tokens,
-            dist_ctx=ctx,
+            strategy.chunk_tokens(plan.logprob_chunk_tokens),
         )
         loss += result.loss
         grad += torch.cat([p.grad.flatten() for p in params])

@@ -296,7 +296,7 @@ class BroadcastRollout:
     """The rollout side of several torch.distributed ranks: rank 0 samples and verifies, and
     every rank gets the step's batch, rewards and metrics from it (one pickled broadcast), so
     the ranks train on one global batch whose divisors they all know. `sync` runs on every
-    rank (gathering the sharded learner's weights is a collective) and each rank's engine
+    rank (gathering the FSDP2 learner's weights is a collective) and each rank's engine
     loads them."""
 
     def __init__(self, rollout: Rollout | AsyncRollout, ctx: DistContext) -> None:

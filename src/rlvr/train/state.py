@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rlvr.config import ConfigError
-from rlvr.models.lora import is_lora
 from rlvr.models.value import ValueModel
-from rlvr.train.distributed import DistContext, shard_model
+from rlvr.train.distributed import DistContext
+from rlvr.train.lora_state import make_reference
+from rlvr.train.strategy import LocalStrategy, Strategy, make_strategy
 
 
 @dataclass
@@ -26,9 +25,10 @@ class TrainState:
     is the last completed step and `data_position` the training rows consumed so far (a
     resumed run skips that many).
 
-    `dist_ctx`: the torch.distributed ranks the models are sharded over (FSDP2, `sharded`);
-    None or one rank: one process, nothing sharded. It is where the state lives, not state:
-    checkpoints do not save it."""
+    `dist_ctx`: the torch.distributed ranks the models are split over (FSDP2); None or one
+    rank: one process. `strategy` is how the learner works on that layout (`train/strategy.py`:
+    `make_strategy(dist_ctx)` unless given). Both are where the state lives, not state:
+    checkpoints do not save them."""
 
     policy: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -41,16 +41,16 @@ class TrainState:
     data_position: int = 0
     reference_is_base: bool = False
     dist_ctx: DistContext | None = None
+    strategy: Strategy = field(default_factory=LocalStrategy)
 
-    @property
-    def sharded(self) -> bool:
-        """The models are FSDP2 modules over more than one rank."""
-        return self.dist_ctx is not None and self.dist_ctx.sharded
+    def __post_init__(self) -> None:
+        if isinstance(self.strategy, LocalStrategy):  # the default: the context's layout
+            self.strategy = make_strategy(self.dist_ctx)
 
     @property
     def world_size(self) -> int:
-        """The ranks the models are sharded over (1: one process)."""
-        return self.dist_ctx.world_size if self.dist_ctx is not None else 1
+        """The ranks the models are split over (1: one process)."""
+        return self.strategy.world_size
 
     def modules(self) -> dict[str, torch.nn.Module]:
         """The models with weights, by checkpoint name; absent ones left out."""
@@ -78,40 +78,28 @@ def build_state(
     critic_lr: float | None = None,
     dist_ctx: DistContext | None = None,
     schedule: Callable[[int], float] | None = None,
+    strategy: Strategy | None = None,
 ) -> TrainState:
     """A fresh state: AdamW on the policy's trainable parameters (a LoRA policy's adapters) with
     a linear warm-up to a constant LR, the sampling generator and torch's global RNG seeded with
     `seed`, a reference when `reference` (a frozen copy of the policy; for a LoRA policy its
     base, with no copy), and a value model with its own AdamW when `critic_lr` is set.
 
-    With `dist_ctx` over more than one rank the policy is sharded in place (`shard_model`,
-    gradients summed over the ranks); the reference and the critic are copied from it first
-    (a sharded model cannot be deep-copied into a plain one) and sharded the same way (the
-    critic's gradients averaged: every rank trains it on the whole batch); the optimizers are
-    built last, over the sharded parameters (each rank's AdamW holds its shards' moments).
+    The models are prepared by `strategy` (default `make_strategy(dist_ctx)`): with
+    `dist_ctx` over more than one rank FSDP2 splits the policy in place (gradients summed over
+    the ranks), and the reference and the critic, copied from it first, the same way
+    (`FSDP2Strategy.prepare`); the optimizers are built last, over the prepared parameters
+    (each rank's AdamW holds its shards' moments).
     `schedule(step)` is the LR multiplier after `step` scheduler steps (SFT's warm-up and
     cosine); None: the linear warm-up over `warmup_steps` to a constant LR.
-    The random streams are drawn in the same order as in one process. A LoRA policy is refused
-    there (`ConfigError`): its adapter-only checkpoints and disabled-adapter reference are not
-    built for sharded weights."""
-    sharded = dist_ctx is not None and dist_ctx.sharded
-    if sharded and is_lora(policy):
-        raise ConfigError(
-            "LoRA with more than one torch.distributed rank is not supported: run LoRA in one "
-            "process (drop torchrun / --nproc-per-node) or train the full model"
-        )
+    The random streams are drawn in the same order as in one process. A LoRA policy on
+    several ranks is a `ConfigError` (`FSDP2Strategy.prepare`)."""
+    strategy = strategy or make_strategy(dist_ctx)
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    frozen = None
-    if reference and not is_lora(policy):
-        frozen = copy.deepcopy(policy).eval().requires_grad_(False)
+    frozen, reference_is_base = make_reference(policy, reference)
     critic = ValueModel(policy) if critic_lr is not None else None
-    if sharded:
-        assert dist_ctx is not None
-        shard_model(policy, dist_ctx, sum_gradients=True)
-        for model in (frozen, critic):
-            if model is not None:
-                shard_model(model, dist_ctx)
+    strategy.prepare(policy, frozen, critic)
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
     if schedule is None:
@@ -121,8 +109,10 @@ def build_state(
             return min(1.0, (s + 1) / warmup)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    state = TrainState(policy, optimizer, scheduler, generator, dist_ctx=dist_ctx)
-    state.reference, state.reference_is_base = frozen, reference and is_lora(policy)
+    state = TrainState(
+        policy, optimizer, scheduler, generator, dist_ctx=dist_ctx, strategy=strategy
+    )
+    state.reference, state.reference_is_base = frozen, reference_is_base
     if critic is not None:
         state.critic = critic
         state.critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=critic_lr)

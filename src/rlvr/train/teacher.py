@@ -2,14 +2,14 @@
 
 `load_teacher` loads it once (eval mode, no gradients, the student's device and dtype) and
 refuses a tokenizer other than the student's: the advantage `log q - log pi` compares the two
-models' log-probs of the same token ids. `Teacher.logprobs` is its forward on a step's
-`RolloutBatch`, as the learner's reference forward is (`completion_logprobs` at the sampling
-temperature, under no_grad); `distill_metrics` is the step's `distill/*` line.
+models' log-probs of the same token ids. `Teacher.logprobs` is its forward on rollouts, as the
+learner's reference forward is (`completion_logprobs` at the sampling temperature, under
+no_grad); the learner holds the teacher and runs it (`Learner.teacher_logprobs`, each rank on
+its own rows); `distill_metrics` is the step's `distill/*` line.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,6 @@ from rlvr import algo
 from rlvr.config import ConfigError
 from rlvr.models.logprobs import completion_logprobs
 from rlvr.models.tiny import ModelDirectoryError, load_model
-from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch
 
 
@@ -37,18 +36,12 @@ class Teacher:
     chunk_tokens: int = 0
 
     @torch.no_grad()
-    def logprobs(self, batch: RolloutBatch, timer: StepTimer | None = None) -> torch.Tensor:
+    def logprobs(self, batch: RolloutBatch) -> torch.Tensor:
         """[N, T] the teacher's log-probs of the batch's sampled tokens at the sampling
-        temperature (padding positions hold meaningless values), timed as
-        `teacher_logprobs`."""
-        timed = timer("teacher_logprobs") if timer is not None else contextlib.nullcontext()
-        with timed:
-            return completion_logprobs(
-                self.model,
-                *batch.model_inputs(),
-                self.temperature,
-                chunk_tokens=self.chunk_tokens,
-            )
+        temperature (padding positions hold meaningless values)."""
+        return completion_logprobs(
+            self.model, *batch.model_inputs(), self.temperature, chunk_tokens=self.chunk_tokens
+        )
 
 
 def load_teacher(

@@ -2,10 +2,10 @@
 
 `plan_update_work` decides once per step which rows carry a gradient, how they are shared among
 the CPU workers and cut into micro-batches, and the divisors every micro-batch's loss keeps;
-`accumulate_gradients` runs that plan and leaves in each parameter's `.grad` the gradient of
-one pass over the whole batch (on torch.distributed ranks, rank r runs worker r's share under
-FSDP2); `optimizer_step` clips and steps (or
-refuses a NaN/Inf); `critic_step` is PPO's value update.
+`accumulate_gradients` runs that plan in one process and leaves in each parameter's `.grad` the
+gradient of one pass over the whole batch; `rank_gradients` is the same on torch.distributed
+ranks (rank r runs worker r's share under FSDP2; `train/strategy.py` picks one of the two);
+`optimizer_step` clips and steps (or refuses a NaN/Inf); `critic_step` is PPO's value update.
 
 Micro-batches by a padded-token budget: a forward pass over a padded batch costs
 rows x (longest prompt + longest completion) tokens. Sorting rows by length before splitting
@@ -284,17 +284,13 @@ def accumulate_gradients(
     temperature: float,
     workers: int,
     logprob_chunk_tokens: int = 0,
-    dist_ctx: DistContext | None = None,
 ) -> UpdateResult:
     """Set every trainable parameter's `.grad` to the gradient of the step's loss, run as
     `work` plans it: each worker's micro-batches in its own thread, gradients summed per worker
     and then across workers in worker order (deterministic). With nothing to run, the gradients
     are zeros (the optimizer still steps: Adam's moments decay). The log-probs' head runs
     `logprob_chunk_tokens` completion tokens at a time (0: whole logits; `completion_logprobs`).
-    A `dist_ctx` of more than one rank runs this rank's share instead (`_rank_gradients`)."""
-    if dist_ctx is not None and dist_ctx.sharded:
-        per_token = (advantages, loss_mask, ref_logp)
-        return _rank_gradients(policy, batch, work, per_token, loss_fn, temperature, dist_ctx)
+    On torch.distributed ranks `rank_gradients` runs this rank's share instead."""
     params = [p for p in policy.parameters() if p.requires_grad]
     if not work.parts:
         for p in params:
@@ -343,7 +339,7 @@ def accumulate_gradients(
     return total
 
 
-def _rank_gradients(
+def rank_gradients(
     policy: torch.nn.Module,
     batch: RolloutBatch,
     work: UpdateWork,
@@ -359,7 +355,7 @@ def _rank_gradients(
     Every rank holds the whole batch and the same `work`, planned with one worker per rank:
     rank r runs `work.shards[r]`, a micro-batch at a time, through `loss.backward()` (FSDP2's
     hooks reduce-scatter the gradient into each rank's shard, summed over the ranks: the policy
-    is sharded with `sum_gradients`). Each micro-batch's loss keeps the whole batch's divisors
+    is FSDP2-wrapped with `sum_gradients`). Each micro-batch's loss keeps the whole batch's divisors
     (`work.divisors`, computed from the whole batch's loss mask: global, not the rank's), so
     the sum over micro-batches and ranks is the gradient of one pass over the batch.
 
@@ -369,8 +365,8 @@ def _rank_gradients(
     token-weighted policy/* metrics are summed over the ranks (`all_reduce_sum`); their weights
     divide by `work.carried_tokens`, the whole batch's carrying tokens. The forward passes take
     whole logits with a prompt per row: the chunked head and the shared-prompt forward call the
-    decoder outside the root module's FSDP hooks (`Learner.plan_update` plans accordingly)."""
-    assert not work.shared_prompts, "plan a sharded update with share_prompts=False"
+    decoder outside the root module's FSDP hooks (`FSDP2Strategy.share_prompts` plans so)."""
+    assert not work.shared_prompts, "plan an FSDP2 update with share_prompts=False"
     mine = work.shards[ctx.rank] if ctx.rank < len(work.shards) else []
     passes = max([1] + [len(shard) for shard in work.shards])
     filler = per_token[1].sum(dim=1).argmax().view(1)  # a row with loss tokens: a finite loss
@@ -415,11 +411,11 @@ def optimizer_step(
     """Clip the gradient's global norm to `grad_clip` and step; returns (the norm before
     clipping, whether the optimizer stepped). A NaN/Inf loss or norm would poison the weights
     and Adam's moments: the step is skipped and the gradients cleared (the loop counts such
-    steps and stops after `max_nonfinite_steps` in a row). On sharded gradients (FSDP2) the norm
+    steps and stops after `max_nonfinite_steps` in a row). On FSDP2's gradient shards the norm
     is the global one, the same on every rank, and so with the global `loss` is the decision to
     skip."""
     grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), grad_clip)
-    grad_norm = full_tensor(grad_norm)  # sharded gradients: the norm over every rank's shards
+    grad_norm = full_tensor(grad_norm)  # FSDP2: the norm over every rank's shards
     if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
         optimizer.zero_grad(set_to_none=True)
         return grad_norm, False
