@@ -4,6 +4,7 @@ per-step overhead of Ray rollout workers and of FSDP2, and weight sync by transp
     python benchmarks/bench_scale.py                   # every part, 5 rounds (8-11 min here)
     python benchmarks/bench_scale.py --quick           # smoke run (< 2 min)
     python benchmarks/bench_scale.py --skip-135m --no-torchrun --no-vllm
+    python benchmarks/bench_scale.py --forwards-only --rounds 3   # the no-grad forwards' split
 
 Steps: on the lab's task (3-digit addition) and base model, 16 prompts x 8 samples at the
 task's budget (48 tokens), `build_trainer` + `grpo_step` as `train_grpo` runs them (the real
@@ -40,6 +41,14 @@ one-step-off sync (snapshot clone + that copy), Ray's object store to 2 actors
 (`RayEngine.load_weights`), FSDP2's full-state-dict gather (`full_state_dict`) at 1 rank in
 this process and at 2 ranks under torchrun (rank 0's time, both ranks gathering); and vLLM's
 reload (`vllm_sync_time.py` run in vLLM's CPU venv, `--vllm-python`, when it exists).
+
+The no-grad forwards (`--forwards-only`, or last in a full run with torchrun): at 2 torchrun
+ranks (x 1 thread), the per-rank seconds of each forward part of a step (`time/ref_logprobs_s`,
+`time/teacher_logprobs_s`, `time/old_logprobs_s`, and PPO's `time/advantage_s`, which holds the
+critic's values) with every rank scoring the whole batch (the layout before the row split,
+`RLVR_WHOLE_BATCH_FORWARDS=1`) against each rank scoring its own rows (all-gathered), the two
+layouts alternating within one launch; the ratio split / whole per rank (about 1/2 is the
+target at 2 ranks).
 
 Markdown tables on stdout (the steps, the one-step-off check, one-off costs such as Ray's and
 torchrun's start, weight sync), the load average at the start and the end; progress on
@@ -82,6 +91,7 @@ from rlvr.train.distributed import (
     shard_model,
 )
 from rlvr.train.grpo import _update_threads, build_trainer, grpo_step
+from rlvr.train.strategy import WHOLE_BATCH_FORWARDS_ENV
 
 VLLM_PYTHON = Path.home() / ".cache/rlvr/vllm-venv/bin/python"
 HERE = Path(__file__).resolve().parent
@@ -168,9 +178,12 @@ def grpo_config(config, task, prompts: int, switches: dict):
     )
 
 
-def run_steps(model, tokenizer, task, config, grpo, seed, steps, engine=None, ctx=None):
+def run_steps(
+    model, tokenizer, task, config, grpo, seed, steps, engine=None, ctx=None, every_rank=False
+):
     """`steps` steps of a fresh trainer over `model`, as train_grpo's loop runs them; each
-    step's `time/*` and `async/*` metrics (rank 0's; [] on the other ranks)."""
+    step's `time/*` and `async/*` metrics (rank 0's; [] on the other ranks unless
+    `every_rank`)."""
     t = build_trainer(
         model,
         tokenizer,
@@ -189,7 +202,7 @@ def run_steps(model, tokenizer, task, config, grpo, seed, steps, engine=None, ct
                 out.append({k: v for k, v in result.metrics.items() if k[:5] in ("time/", "async")})
     finally:
         t.rollout.close()  # waits for sampling still running: nothing spills into the next mode
-    return out if ctx is None or ctx.is_main else []
+    return out if ctx is None or ctx.is_main or every_rank else []
 
 
 def one_off(what: str, seconds: float) -> None:
@@ -283,7 +296,12 @@ def rank_worker(args) -> None:
     torch.set_num_threads(max(1, args.threads // ctx.world_size))  # as the lab does
     try:
         result: dict = {"world_size": ctx.world_size}
-        if args.gather_model:
+        if args.forward_split:
+            mine = forward_split_steps(ctx, args)
+            every = [None] * ctx.world_size
+            dist.all_gather_object(every, mine)
+            result["forwards"] = {name: [r[name] for r in every] for name in mine}
+        elif args.gather_model:
             result["gather"] = {
                 str(d): gather_times(Path(d), ctx, args.rounds) for d in args.gather_model
             }
@@ -299,6 +317,87 @@ def rank_worker(args) -> None:
         barrier(ctx, "the end of the benchmark")
     finally:
         destroy()
+
+
+FORWARD_PARTS = {
+    "ref_logprobs": "reference (beta 0.04)",
+    "teacher_logprobs": "teacher",
+    "old_logprobs": "pi_old (tis)",
+    "advantage": "advantage (PPO: the critic's values)",
+}
+"""The step parts (`time/PART_s`) that are no-grad forwards, or hold one (the advantage part
+holds the critic's values forward under PPO), with their table names."""
+
+
+def forward_configs(config, task, prompts: int, teacher: Path) -> dict[str, object]:
+    """The two configs whose steps run every no-grad forward: GRPO with a reference, the
+    rollout correction's pi_old and a teacher (the base model itself: the same tokenizer);
+    PPO (gae) with tis: the critic's values."""
+    return {
+        "grpo": grpo_config(
+            config,
+            task,
+            prompts,
+            {"beta": 0.04, "rollout_correction": "tis", "teacher": str(teacher)},
+        ),
+        "ppo": grpo_config(
+            config,
+            task,
+            prompts,
+            {"advantage_estimator": "gae", "critic_lr": 1e-4, "rollout_correction": "tis"},
+        ),
+    }
+
+
+def forward_split_steps(ctx, args) -> dict[str, dict[str, list[dict]]]:
+    """On every rank: `--rounds` rounds of `--steps` steps (the first dropped) of each config
+    of `forward_configs`, each with the no-grad forwards on the whole batch on every rank (the
+    layout before the row split, `RLVR_WHOLE_BATCH_FORWARDS=1`) and split by rows, the two
+    taking turns in an order rotated every round. {config: {"whole" | "split": this rank's
+    steady steps' `time/*`}}."""
+    config, task = common.lab_setup(3)
+    base_dir = common.base_model_dir(config, task)[0]
+    base, tokenizer = load_model(base_dir)
+    out: dict[str, dict[str, list[dict]]] = {}
+    for name, grpo in forward_configs(config, task, args.prompts, base_dir).items():
+        out[name] = {"whole": [], "split": []}
+        for r in range(args.rounds):
+            for layout in ["whole", "split"][r % 2 :] + ["whole", "split"][: r % 2]:
+                os.environ[WHOLE_BATCH_FORWARDS_ENV] = "1" if layout == "whole" else "0"
+                model = copy.deepcopy(base)
+                steps = run_steps(
+                    model, tokenizer, task, config, grpo, args.seed + r, args.steps, ctx=ctx,
+                    every_rank=True,
+                )  # fmt: skip
+                out[name][layout] += steps[1:]
+    os.environ.pop(WHOLE_BATCH_FORWARDS_ENV, None)
+    return out
+
+
+def forward_split_table(args) -> str:
+    """The per-rank seconds of a step's no-grad forwards at 2 ranks under torchrun, whole batch
+    on every rank against split by rows, and their ratio (median over the steady steps of each
+    layout, per rank)."""
+    worker = ["--forward-split", "--steps", str(args.steps), "--rounds", str(args.rounds)]
+    worker += ["--prompts", str(args.prompts), "--seed", str(args.seed)]
+    result, wall = torchrun(2, worker)
+    one_off("torchrun 2 ranks: the no-grad forward split runs (whole launch)", wall)
+    rows = []
+    for name, by_rank in result["forwards"].items():
+        for part, label in FORWARD_PARTS.items():
+            key = f"time/{part}_s"
+            if key not in by_rank[0]["whole"][0] or (part == "advantage") != (name == "ppo"):
+                continue
+            cells = []
+            for layouts in by_rank:
+                whole = common.median(s[key] for s in layouts["whole"])
+                split_s = common.median(s[key] for s in layouts["split"])
+                cells += [f"{whole:.4f}", f"{split_s:.4f}", f"{split_s / whole:.2f}"]
+            rows.append([name, label, *cells, str(len(by_rank[0]["split"]))])
+    header = ["config", "forward"]
+    for rank in range(2):
+        header += [f"rank {rank} whole s", f"rank {rank} split s", f"rank {rank} split / whole"]
+    return common.markdown_table(header + ["steps"], rows)
 
 
 def gather_times(model_dir: Path, ctx, rounds: int) -> list[float]:
@@ -538,9 +637,26 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--rank-worker", help=argparse.SUPPRESS)
     parser.add_argument("--gather-model", nargs="+", help=argparse.SUPPRESS)
+    parser.add_argument("--forward-split", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--forwards-only",
+        action="store_true",
+        help="only the no-grad forwards at 2 torchrun ranks, whole batch against split by rows",
+    )
     args = parser.parse_args()
     if args.rank_worker:
         rank_worker(args)
+        return
+    if args.forwards_only:
+        if args.quick:
+            args.rounds, args.steps, args.prompts = 2, 3, 4
+        start_load, start = load(), time.perf_counter()
+        table = forward_split_table(args)
+        minutes = (time.perf_counter() - start) / 60
+        print(f"load average at the start {start_load}, at the end {load()}; {minutes:.1f} min")
+        print(f"{args.rounds} rounds x {args.steps - 1} steady steps per layout and config\n")
+        print(table + "\n")
+        print(one_off_table())
         return
     if args.quick:
         args.rounds, args.steps, args.prompts = 2, 3, 4
@@ -576,6 +692,7 @@ def main() -> None:
             for engine in ray_engines.values():
                 engine.close()
             weights = weight_table(args, tokenizer, base, base_dir)
+            forwards = forward_split_table(args) if args.torchrun else ""
         finally:
             ray.shutdown()
             destroy()
@@ -589,6 +706,9 @@ def main() -> None:
     print(overlap_check(results) + "\n")
     print(one_off_table() + "\n")
     print(weights)
+    if forwards:
+        print("\nno-grad forwards per rank at 2 torchrun ranks, whole batch vs split by rows\n")
+        print(forwards)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,17 @@ before calling `init_distributed` joins the same way. `init_distributed` turns t
 process group (gloo on the CPU, NCCL on CUDA) and a `DistContext`; without them there is one
 process and no process group at all: today's path, unchanged.
 
+These are the low-level pieces: the context, the collectives with their lost-rank errors, and
+FSDP2's model helpers. What the learner does with them is `rlvr.train.strategy.FSDP2Strategy`
+(chosen once by `make_strategy(ctx)` for a context of more than one rank; `LocalStrategy`
+otherwise): the rest of the trainer asks the strategy, never `DistContext.sharded`.
+
 `shard_model` applies `fully_shard` to every decoder layer and then to the root, so that each
 rank holds 1/N of every parameter (a `DTensor` sharded on dim 0) and a layer's full weights exist
 only while it runs. Every rank holds the whole global batch; the update shares its rows among the
-ranks (`rlvr.train.update`), and the gradient collectives of FSDP sum the ranks' shares.
+ranks (`rlvr.train.update.rank_gradients`), and the gradient collectives of FSDP sum the ranks'
+shares; the no-grad forwards split the rows among the ranks too and all-gather the results
+(`FSDP2Strategy.no_grad_rows`).
 
 A lost rank is an error, not a hang. Every collective runs under the process group's timeout
 (`init_distributed`'s `timeout_s`). With gloo a rank whose peer died gets an error at its next
