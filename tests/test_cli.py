@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -134,8 +135,11 @@ def test_flags_override_the_recipe():
     config = resolve(parse_lab(["dapo", "--grpo.lr", "3e-5", "--grpo.epsilon-high", "0.3"]))
     assert config.recipe == "dapo" and config.grpo.dynamic_sampling
     assert (config.grpo.lr, config.grpo.epsilon_high) == (3e-5, 0.3)
-    library = resolve(LabConfig(recipe="dapo", grpo=GRPOConfig(lr=3e-5, epsilon_high=0.3)))
-    assert library == config
+    dapo = recipe_config("dapo")
+    library = LabConfig(recipe="dapo", grpo=dataclasses.replace(dapo, lr=3e-5, epsilon_high=0.3))
+    assert resolve(library) == config
+    # a grpo given in Python is taken as it is: the recipe fills only a grpo left out
+    assert not resolve(LabConfig(recipe="dapo", grpo=GRPOConfig(lr=3e-5))).grpo.dynamic_sampling
 
 
 def test_a_recipe_switch_set_back_to_the_default_stays_set():

@@ -79,7 +79,7 @@ from rlvr.train.distributed import (
 from rlvr.train.evaluate import HeldOutSamples, held_out_accuracy, held_out_samples
 from rlvr.train.grpo import train_grpo
 from rlvr.train.monitor import never_parsed_warning, unparsed_share
-from rlvr.train.recipes import apply_recipe, recipe_config
+from rlvr.train.recipes import recipe_config
 from rlvr.train.reference import check_reference_sync
 
 
@@ -131,9 +131,11 @@ class LabConfig:
     """Training reward: strict (the math verifier) or weak (substring match, gameable: a
     demonstration of reward hacking). Held-out accuracy and the monitor always use strict."""
     recipe: Annotated[str | None, tyro.conf.Suppress] = None
-    """The named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) `grpo` is built on;
-    on the command line the subcommand `rlvr train RECIPE`. How it combines with `grpo`: see
-    `resolve`."""
+    """The named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) `grpo` starts from;
+    on the command line the subcommand `rlvr train RECIPE`, whose flags override the recipe's
+    switches. A `LabConfig(recipe=NAME)` whose `grpo` is left out (every field
+    `GRPOConfig`'s default) gets the recipe's config (`recipe_lab_config`); a `grpo` given
+    is taken as it is."""
     set: tuple[str, ...] = ()
     """Overrides of GRPO switches as key=value, applied last (e.g. --set epsilon_high=0.28
     beta=0.01): the same as --grpo.epsilon-high 0.28 --grpo.beta 0.01."""
@@ -171,10 +173,15 @@ class LabConfig:
     started with `ray start --head`); `--placement separate|colocated`, `--weight-transport
     object-store|nccl` (GPUs only)."""
 
+    def __post_init__(self) -> None:
+        # the recipe is the default of `grpo`: applied here, once, and only to a grpo left out
+        if self.recipe is not None and self.grpo == GRPOConfig():
+            object.__setattr__(self, "grpo", recipe_config(self.recipe))
+
 
 def recipe_lab_config(recipe: str) -> LabConfig:
-    """The lab's defaults with `grpo` built on `recipe`: what `rlvr train RECIPE` starts from
-    before its flags apply."""
+    """The lab's defaults with `grpo` the config of `recipe` (`recipe_config`): what `rlvr
+    train RECIPE` starts from before its flags apply (tyro's default instance)."""
     return LabConfig(recipe=recipe, grpo=recipe_config(recipe))
 
 
@@ -183,15 +190,14 @@ def resolve(config: LabConfig) -> LabConfig:
     to config.yaml. Run once, right after parsing (`run_lab` calls it; so does the CLI,
     through `run_lab`).
 
-    In this order:
+    The recipe is not applied here: it is `grpo`'s default (tyro's default instance on the
+    command line, `LabConfig.__post_init__` in Python), so `grpo` already holds it. In this
+    order:
     1. `resume`: the run's saved config.yaml (resolved when it was written) replaces `config`
        (`resume_config`); nothing below applies again.
-    2. `recipe`: a recipe is a base config. Its switches fill the `grpo` fields that still have
-       `GRPOConfig`'s default; a field set to another value is an explicit choice and wins
-       (`apply_recipe`). `LabConfig(recipe="dapo")` is `rlvr train dapo`.
-    3. `set`: the `key=value` overrides, applied last and type-checked, then cleared.
-    4. `grpo.max_new_tokens` None becomes the task's budget.
-    5. Checked before anything is written or loaded (`_check`): the GRPO switches
+    2. `set`: the `key=value` overrides, applied last and type-checked, then cleared.
+    3. `grpo.max_new_tokens` None becomes the task's budget.
+    4. Checked before anything is written or loaded (`_check`): the GRPO switches
        (`check_grpo_config`, the one validator), the budget against the task's longest
        answer, the verifier, the trackers, the lab's own numbers, the model directory (or,
        without one, the base's settings and the task's corpus to train it on).
@@ -206,8 +212,7 @@ def _resolve(config: LabConfig) -> tuple[LabConfig, TaskSpec]:
     if config.resume is not None:
         config = resume_config(config)
         return config, lab_task(config)
-    grpo = apply_recipe(config.recipe, config.grpo) if config.recipe else config.grpo
-    grpo = apply_overrides(grpo, list(config.set))
+    grpo = apply_overrides(config.grpo, list(config.set))
     task = lab_task(dataclasses.replace(config, grpo=grpo))
     if grpo.max_new_tokens is None:
         grpo = dataclasses.replace(grpo, max_new_tokens=task.max_new_tokens)
