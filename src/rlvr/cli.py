@@ -208,6 +208,7 @@ def pipeline(config: PipelineConfig) -> None:
     """`rlvr pipeline`: list the built-ins, or run (resume) one and point at its report."""
     from rlvr.devices import resolve_precision
     from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
+    from rlvr.report.run_log import RunLog
 
     if config.list:
         for name in builtin_pipelines():
@@ -217,7 +218,8 @@ def pipeline(config: PipelineConfig) -> None:
     precision = resolve_precision(config.device, config.dtype)
     spec = load_pipeline(config.pipeline)
     out = config.out_dir or f"runs/pipeline-{spec.name}"
-    run_pipeline(spec, out, config.progress, config.reevaluate, precision, config.report_to)
+    log = RunLog(config.progress, to_stderr=True)
+    run_pipeline(spec, out, log, config.reevaluate, precision, config.report_to)
     print(f"[rlvr] report: {out}/report.md, figure: {out}/report.png")
 
 

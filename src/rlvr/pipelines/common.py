@@ -18,6 +18,7 @@ from rlvr.config import ConfigError, UserError
 from rlvr.devices import Precision, resolve_precision
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
+from rlvr.report.run_log import RunLog
 from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.registry import build_task
 from rlvr.tasks.spec import TaskSpec
@@ -97,12 +98,17 @@ class PipelineContext:
     task: TaskSpec
     tiny: TinyModelConfig
     seed: int
-    progress: bool
+    log: RunLog = field(default_factory=RunLog)  # the stages' [rlvr] lines and progress bars
     precision: Precision = field(default_factory=lambda: resolve_precision("cpu", "float32"))
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     last_model: str | None = None  # the most recent stage's model directory
     report_to: tuple[str, ...] = ()  # trackers of every GRPO stage (`parse_report_to`)
+
+    @property
+    def progress(self) -> bool:
+        """Whether progress bars show (`log.progress`), for stages that take a flag."""
+        return self.log.progress
 
     def model_of(self, stage: str | None) -> str:
         """The model directory of `stage` (None: the latest model-producing stage)."""

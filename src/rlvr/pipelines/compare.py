@@ -19,9 +19,13 @@ from typing import Any
 from rlvr.config import UserError
 from rlvr.pipelines.lab import LabConfig, resolve, run_lab
 from rlvr.report.run_dir import read_jsonl
+from rlvr.report.run_log import RunLog
 from rlvr.report.stats import format_interval
 from rlvr.train.config import GRPOConfig
 from rlvr.train.recipes import apply_recipe
+
+COMPARE_LOG = RunLog(prefix="rlvr compare")
+"""`rlvr compare`'s own lines (`[rlvr compare] RECIPE -> RUN_DIR`, then the table)."""
 
 
 def _compare_train_default() -> LabConfig:
@@ -175,7 +179,7 @@ def plot_comparison(runs: dict[str, Path], path: Path) -> Path:
 
 
 def compare_recipes(
-    recipes: list[str], train: LabConfig, name: str, progress: bool = True
+    recipes: list[str], train: LabConfig, name: str, log: RunLog = COMPARE_LOG
 ) -> dict[str, dict[str, Any]]:
     """Run each recipe on `train` (its `recipe` and `run_name` set per recipe; the recipe fills
     the grpo fields left at their defaults, `recipe_train_config`); write compare.png, compare.md,
@@ -185,8 +189,7 @@ def compare_recipes(
     rows, run_dirs = {}, {}
     for recipe in recipes:
         run_name = f"{name}-{recipe}".replace("+", "p")
-        if progress:
-            print(f"[rlvr compare] {recipe} -> {train.runs_dir}/{run_name}", flush=True)
+        log.say(f"{recipe} -> {train.runs_dir}/{run_name}")
         usage = run_recipe(
             dataclasses.replace(recipe_train_config(train, recipe), run_name=run_name)
         )
@@ -196,6 +199,6 @@ def compare_recipes(
     table = format_table(rows)
     (out / "compare.md").write_text(table + "\n")
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
-    if progress:
+    if log.progress:
         print(table)
     return rows

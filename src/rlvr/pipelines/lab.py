@@ -34,7 +34,7 @@ from rlvr.config import (
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, has_chat_template
 from rlvr.models.lora import LoRAConfig
-from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model
+from rlvr.models.tiny import TinyModelConfig, count_parameters
 from rlvr.pipelines.base_model import (
     BaseConfig,
     base_model_dir,
@@ -49,17 +49,13 @@ from rlvr.pipelines.common import (
     model_flag,
     save_policy,
     user_task,
-    with_lora,
 )
-from rlvr.pipelines.engines import (
-    RolloutPlacement,
-    build_engine,
-    check_placement,
-    close_engine,
-)
+from rlvr.pipelines.engines import RolloutPlacement, check_placement
+from rlvr.pipelines.train_policy import load_policy, train_policy
 from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
+from rlvr.report.run_log import RunLog
 from rlvr.report.stats import format_interval, wilson_interval
 from rlvr.report.step_time import format_step_time, step_time_split
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
@@ -77,7 +73,6 @@ from rlvr.train.distributed import (
     main_first,
 )
 from rlvr.train.evaluate import HeldOutSamples, held_out_accuracy, held_out_samples
-from rlvr.train.grpo import train_grpo
 from rlvr.train.monitor import never_parsed_warning, unparsed_share
 from rlvr.train.recipes import recipe_config
 from rlvr.train.reference import check_reference_sync
@@ -368,11 +363,15 @@ def lab_base_dir(config: LabConfig) -> Path:
     return base_model_dir(config.task, task_config, config.tiny, base, config.cache_dir)
 
 
-def build_base_model(config: LabConfig, task: TaskSpec) -> tuple[Path, bool]:
-    """Return (directory of the base model, whether it came from the cache)."""
+def build_base_model(
+    config: LabConfig, task: TaskSpec, log: RunLog | None = None
+) -> tuple[Path, bool]:
+    """Return (directory of the base model, whether it came from the cache); its training's
+    progress bar shows unless `log` is quiet (default: `config.progress`)."""
     task_config, base = _base_settings(config)
+    progress = config.progress if log is None else log.progress
     return cached_base_model(
-        config.task, task, task_config, config.tiny, base, config.cache_dir, config.progress
+        config.task, task, task_config, config.tiny, base, config.cache_dir, progress
     )
 
 
@@ -399,7 +398,7 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
     torchrun every rank runs it: rank 0 makes the base model and the run directory first, the
     others then find them; all train; rank 0 alone reports (the others return {})."""
     reward_fn = training_reward(config.verifier, task)
-    config = dataclasses.replace(config, progress=config.progress and ctx.is_main)
+    log = RunLog(config.progress).only_if(ctx.is_main)
     if precision.is_cpu:  # the ranks of one machine share its cores
         torch.set_num_threads(max(1, config.threads // ctx.world_size))
     resume = config.resume is not None
@@ -416,7 +415,7 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
         trackers = parse_report_to(config.report_to)
         run.attach(open_loggers(trackers, run.path, config.run_name, to_dict(config), resume_step))
     with run:
-        return _train(config, task, precision, ctx, run, reward_fn)
+        return _train(config, task, precision, ctx, run, reward_fn, log)
 
 
 def _train(
@@ -426,156 +425,178 @@ def _train(
     ctx: DistContext,
     run: RunDirectory,
     reward_fn: RewardFn,
+    log: RunLog,
 ) -> dict:
-    """`_run` once the run directory is open (and its trackers attached)."""
-    resume = config.resume is not None
+    """`_run` once the run directory is open (and its trackers attached): the base model, its
+    held-out evaluation, GRPO (`train_policy`), the final evaluation, the report."""
     start = time.perf_counter()
-
-    # --- base model ------------------------------------------------------------------------
     if config.model is None:
         with main_first(ctx, "the base model"):
-            base_dir, cached = build_base_model(config, task)
-        _say(config, f"base model: {base_dir} ({'cached' if cached else 'trained'})")
+            base_dir, cached = build_base_model(config, task, log)
+        log.say(f"base model: {base_dir} ({'cached' if cached else 'trained'})")
     else:
         base_dir = Path(config.model)
-    model, tokenizer = load_model(base_dir, device=precision.device)
-    model = with_lora(model, config.lora, config.seed)
+    model, tokenizer = load_policy(base_dir, config.lora, config.seed, precision)
     if ctx.is_main:
         run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
     base_seconds = time.perf_counter() - start
-    _say(
-        config,
+    log.say(
         f"{count_parameters(model):,} parameters on {precision.describe()}, "
-        f"base ready in {base_seconds:.0f} s",
+        f"base ready in {base_seconds:.0f} s"
     )
-
-    # --- evaluation on the held-out split -------------------------------------------------
-    examples = few_shot_examples(task, config.few_shot)
-    if examples and not has_chat_template(tokenizer, config.chat_template):
-        warn(
-            f"--few-shot {config.few_shot} needs a chat template, which {base_dir} lacks "
-            "(or --no-chat-template is set): the examples are not used"
-        )
-    template = (config.chat_template, config.system_prompt, examples)
+    template = _template(config, task, tokenizer, base_dir)
     held_out = format_rows(tokenizer, task.held_out_rows(), *template)
-    budget = config.grpo.max_new_tokens
+    evaluate = _Evaluator(config, task, tokenizer, held_out)
+    base_eval = _evaluate_base(evaluate, model, config, task, log) if ctx.is_main else {}
 
-    greedy: list[HeldOutSamples] = []  # the latest greedy completions (the base's, first)
-
-    def evaluate(m: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
-        """Held-out accuracy of `m`: greedy, and sampled at the training temperature."""
-        greedy[:] = [held_out_samples(m, tokenizer, held_out, task.score, budget)]
-        return {
-            "greedy_acc": greedy[0].accuracy,
-            "sampled_acc": held_out_accuracy(
-                m,
-                tokenizer,
-                held_out,
-                task.score,
-                budget,
-                temperature=config.grpo.temperature,
-                num_samples=sampled_samples,
-                seed=config.eval_seed,
-            ),
-        }
-
-    base_eval = {}
-    if ctx.is_main:
-        base_eval = evaluate(model, config.eval_samples)
-        _say(
-            config,
-            f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
-            f"sampled {base_eval['sampled_acc']:.3f}",
-        )
-        completions = [c for (c,) in greedy[0].completions]
-        share = unparsed_share(task.reward_fn, held_out, completions)
-        if message := never_parsed_warning(share, len(held_out)):
-            warn(message)
-
-    # --- GRPO ------------------------------------------------------------------------------
-    train_rows = format_rows(
-        tokenizer, task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET), *template
-    )
-    engine = None  # the other ranks sample nothing: rank 0's batch reaches them
-    if ctx.is_main:
-        engine = build_engine(
-            config.rollout,
-            model,
-            tokenizer,
-            base_dir,
-            precision,
-            config.seed,
-            config.grpo.worker_timeout_s,
-        )
+    rows = format_rows(tokenizer, task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET), *template)
     rl_start = time.perf_counter()
-    try:
-        records = train_grpo(
-            model,
-            tokenizer,
-            train_rows,
-            [reward_fn],
-            config.grpo,
-            run,
-            evaluate,
-            seed=config.seed,
-            progress=config.progress,
-            strict_reward_fn=task.reward_fn,
-            resume=resume,
-            engine=engine,
-            initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
-            dist_ctx=ctx,
-        )
-    finally:
-        close_engine(engine)
+    records = train_policy(
+        model,
+        tokenizer,
+        base_dir,
+        rows,
+        [reward_fn],
+        config.grpo,
+        run,
+        evaluate,
+        lora=config.lora,
+        rollout=config.rollout,
+        precision=precision,
+        seed=config.seed,
+        log=log,
+        strict_reward_fn=task.reward_fn,
+        resume=config.resume is not None,
+        initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
+        dist_ctx=ctx,
+    )
     rl_seconds = time.perf_counter() - rl_start
     if not ctx.is_main:
         return {}
-
-    # --- report ----------------------------------------------------------------------------
-    final_eval = evaluate(model, config.eval_samples)
+    final_eval = evaluate(model, config.eval_samples)  # before the save merges LoRA in place
     save_policy(model, tokenizer, run.model_path, config.lora)
-    title = _plot_title(task.describe, base_eval, final_eval)
-    plot_reward_curve(records, run.path / "reward_curve.png", title=title)
+    plot_reward_curve(
+        records,
+        run.path / "reward_curve.png",
+        title=_plot_title(task.describe, base_eval, final_eval),
+    )
+    seconds = {"base_seconds": base_seconds, "rl_seconds": rl_seconds}
+    seconds["wall_seconds"] = time.perf_counter() - start
+    summary = _summary(config, base_dir, len(held_out), records, base_eval, final_eval, seconds)
+    run.write_summary(summary)
+    _say_summary(log, summary, run.path)
+    return summary
+
+
+def _template(
+    config: LabConfig, task: TaskSpec, tokenizer: Any, model_dir: Path
+) -> tuple[bool, str | None, list[tuple[str, str]]]:
+    """(chat template on, system prompt, few-shot examples): how every prompt is formatted,
+    in training and evaluation alike; warns when the few-shot examples cannot be used."""
+    examples = few_shot_examples(task, config.few_shot)
+    if examples and not has_chat_template(tokenizer, config.chat_template):
+        warn(
+            f"--few-shot {config.few_shot} needs a chat template, which {model_dir} lacks "
+            "(or --no-chat-template is set): the examples are not used"
+        )
+    return config.chat_template, config.system_prompt, examples
+
+
+class _Evaluator:
+    """The lab's held-out evaluation: greedy, and sampled at the training temperature; keeps
+    the latest greedy completions (`greedy`) for the never-parsed check."""
+
+    def __init__(self, config: LabConfig, task: TaskSpec, tokenizer: Any, rows: list[dict]):
+        self.config, self.task, self.tokenizer, self.rows = config, task, tokenizer, rows
+        self.greedy: HeldOutSamples | None = None
+
+    def __call__(self, model: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
+        """Held-out accuracy of `model`: greedy, and the mean of `sampled_samples` samples per
+        problem at the training temperature (seeded by `--eval-seed`)."""
+        budget, score = self.config.grpo.max_new_tokens, self.task.score
+        self.greedy = held_out_samples(model, self.tokenizer, self.rows, score, budget)
+        sampled = held_out_accuracy(
+            model,
+            self.tokenizer,
+            self.rows,
+            score,
+            budget,
+            temperature=self.config.grpo.temperature,
+            num_samples=sampled_samples,
+            seed=self.config.eval_seed,
+        )
+        return {"greedy_acc": self.greedy.accuracy, "sampled_acc": sampled}
+
+
+def _evaluate_base(
+    evaluate: _Evaluator, model: torch.nn.Module, config: LabConfig, task: TaskSpec, log: RunLog
+) -> dict[str, float]:
+    """The base model's held-out accuracy (said), with a warning when the task's verifier
+    parses none of its greedy completions."""
+    base_eval = evaluate(model, config.eval_samples)
+    log.say(
+        f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
+        f"sampled {base_eval['sampled_acc']:.3f}"
+    )
+    assert evaluate.greedy is not None
+    completions = [c for (c,) in evaluate.greedy.completions]
+    share = unparsed_share(task.reward_fn, evaluate.rows, completions)
+    if message := never_parsed_warning(share, len(evaluate.rows)):
+        warn(message)
+    return base_eval
+
+
+def _summary(
+    config: LabConfig,
+    base_dir: Path,
+    problems: int,
+    records: list[dict],
+    base_eval: dict[str, float],
+    final_eval: dict[str, float],
+    seconds: dict[str, float],
+) -> dict:
+    """summary.json: held-out accuracy before and after (with Wilson intervals over the
+    `problems` held-out problems), the step rewards, the times (`seconds`: base, RL, wall) and
+    the hacking monitor's account."""
     steps = [r for r in records if "reward/mean" in r]
-    summary = {
+    return {
         "base_model": str(base_dir),
         "base_greedy_acc": base_eval["greedy_acc"],
         "base_sampled_acc": base_eval["sampled_acc"],
         "final_greedy_acc": final_eval["greedy_acc"],
         "final_sampled_acc": final_eval["sampled_acc"],
         "ci95": {  # Wilson intervals over the held-out problems (conservative when sampled)
-            f"{when}_{kind}_acc": wilson_interval(result[f"{kind}_acc"], len(held_out))
+            f"{when}_{kind}_acc": wilson_interval(result[f"{kind}_acc"], problems)
             for when, result in (("base", base_eval), ("final", final_eval))
             for kind in ("greedy", "sampled")
         },
         "sampled_acc_samples_per_problem": config.eval_samples,
-        "held_out_problems": len(held_out),
+        "held_out_problems": problems,
         "steps": len(steps),
         "first_step_reward": steps[0]["reward/mean"] if steps else None,
         "last_step_reward": steps[-1]["reward/mean"] if steps else None,
-        "base_seconds": base_seconds,
-        "rl_seconds": rl_seconds,
-        "wall_seconds": time.perf_counter() - start,
+        **seconds,
         "median_step_seconds": _median([r["time/step_s"] for r in steps]),
         "step_time": step_time_split(records),
         "verifier": config.verifier,
         "hacking_monitor": _monitor_summary(records),
     }
-    run.write_summary(summary)
+
+
+def _say_summary(log: RunLog, summary: dict, run_path: Path) -> None:
+    """The summary's lines: the monitor's warning (always, on stderr), then the held-out
+    accuracy before -> after and the step-time split (unless the log is quiet)."""
     if summary["hacking_monitor"]["warning"]:
         print(f"[rlvr] WARNING: {summary['hacking_monitor']['warning']}", file=sys.stderr)
-    n = len(held_out)
-    _say(
-        config,
+    n = summary["held_out_problems"]
+    acc = {key: format_interval(summary[key], n) for key in summary if key.endswith("_acc")}
+    log.say(
         f"held-out accuracy (95% intervals, {n} problems): greedy "
-        f"{format_interval(base_eval['greedy_acc'], n)} -> "
-        f"{format_interval(final_eval['greedy_acc'], n)}, sampled "
-        f"{format_interval(base_eval['sampled_acc'], n)} -> "
-        f"{format_interval(final_eval['sampled_acc'], n)} in {summary['wall_seconds']:.0f} s; "
-        f"see {run.path}/",
+        f"{acc['base_greedy_acc']} -> {acc['final_greedy_acc']}, sampled "
+        f"{acc['base_sampled_acc']} -> {acc['final_sampled_acc']} in "
+        f"{summary['wall_seconds']:.0f} s; see {run_path}/"
     )
-    _say(config, format_step_time(summary["step_time"]))
-    return summary
+    log.say(format_step_time(summary["step_time"]))
 
 
 def _monitor_summary(records: list[dict]) -> dict:
@@ -605,9 +626,3 @@ def _plot_title(describe: str, base: dict, final: dict) -> str:
 def _median(values: list[float]) -> float | None:
     """The upper median of `values` (None when there are none)."""
     return sorted(values)[len(values) // 2] if values else None
-
-
-def _say(config: LabConfig, message: str) -> None:
-    """Print `message` unless progress output is off."""
-    if config.progress:
-        print(f"[rlvr] {message}", flush=True)
