@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.cli import main, parse_lab
-from rlvr.config import UserError
+from rlvr.config import RunPlace, UserError
 from rlvr.pipelines.lab import LabConfig, resolve
 from rlvr.train.config import GRPOConfig
 from rlvr.train.recipes import RECIPES, recipe_config
@@ -162,9 +162,11 @@ def test_resume_refuses_other_settings(tmp_path: Path):
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.yaml").write_text("recipe: dapo\nseed: 3\nresume: false\ngrpo: {lr: 0.001}\n")
-    config = resolve(LabConfig(resume=str(run), progress=False))
-    assert (config.seed, config.grpo.lr, config.recipe) == (3, 0.001, "dapo")
+    config = resolve(LabConfig(resume=str(run), place=RunPlace(progress=False)))
+    assert (config.place.seed, config.grpo.lr, config.recipe) == (3, 0.001, "dapo")
     assert (config.runs_dir, config.run_name, config.resume) == (str(tmp_path), "r", str(run))
-    assert resolve(LabConfig(resume=str(run), seed=3)).seed == 3  # the saved value is fine
+    assert (
+        resolve(LabConfig(resume=str(run), place=RunPlace(seed=3))).place.seed == 3
+    )  # the saved value is fine
     with pytest.raises(UserError, match="refused: threads, grpo.lr"):
-        resolve(LabConfig(resume=str(run), threads=4, grpo=GRPOConfig(lr=0.5)))
+        resolve(LabConfig(resume=str(run), place=RunPlace(threads=4), grpo=GRPOConfig(lr=0.5)))

@@ -20,7 +20,7 @@ from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
 from rlvr.report.run_log import RunLog
 from rlvr.tasks.reasoning import ReasoningTaskConfig
-from rlvr.tasks.registry import build_task
+from rlvr.tasks.registry import TaskChoice, build_task, task_spec
 from rlvr.tasks.spec import TaskSpec
 
 TRAIN_ROWS_SEED_OFFSET = 10_000
@@ -49,11 +49,15 @@ class TaskError(UserError, ValueError):
     """A task name or task file that cannot be used (unknown task, too few distinct rows)."""
 
 
-def user_task(name: str, *args: Any, **kwargs: Any) -> TaskSpec:
-    """`build_task(name, ...)`, with its refusals (an unknown task, an unusable task file) as
-    `TaskError`; a malformed JSONL file is a `JSONLError`, a user error already."""
+def user_task(task: TaskChoice | str, *args: Any, **kwargs: Any) -> TaskSpec:
+    """The TaskSpec of `task` (`registry.task_spec(task, hedge_prob=..., seed=...)`; a task
+    name with flat arguments: `registry.build_task(name, ...)`, as sft and dpo call it), with
+    the registry's refusals (an unknown task, an unusable task file) as `TaskError`; a
+    malformed JSONL file is a `JSONLError`, a user error already."""
     try:
-        return build_task(name, *args, **kwargs)
+        if isinstance(task, TaskChoice):
+            return task_spec(task, *args, **kwargs)
+        return build_task(task, *args, **kwargs)
     except UserError:
         raise
     except ValueError as exc:

@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from rlvr.config import UserError
+from rlvr.config import RunPlace, UserError
 from rlvr.pipelines.lab import LabConfig, resolve, run_lab
 from rlvr.report.run_dir import read_jsonl
 from rlvr.report.run_log import RunLog
@@ -30,7 +30,8 @@ COMPARE_LOG = RunLog(prefix="rlvr compare")
 
 def _compare_train_default() -> LabConfig:
     """What every recipe of `rlvr compare` trains by default: 60 steps, overwriting, quiet."""
-    return LabConfig(overwrite=True, progress=False, grpo=GRPOConfig(steps=60))
+    place = RunPlace(overwrite=True, progress=False)
+    return LabConfig(place=place, grpo=GRPOConfig(steps=60))
 
 
 @dataclass(frozen=True)

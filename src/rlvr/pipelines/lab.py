@@ -17,13 +17,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import tyro
 
 from rlvr.config import (
     ConfigError,
+    RunPlace,
     UserError,
     apply_overrides,
     from_dict,
@@ -58,9 +59,7 @@ from rlvr.report.run_dir import RunDirectory
 from rlvr.report.run_log import RunLog
 from rlvr.report.stats import format_interval, wilson_interval
 from rlvr.report.step_time import format_step_time, step_time_split
-from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from rlvr.tasks.reasoning import ReasoningTaskConfig
-from rlvr.tasks.registry import training_reward
+from rlvr.tasks.registry import TaskChoice, training_reward
 from rlvr.tasks.rewards import RewardFn
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.checkpoint import latest_checkpoint_step
@@ -87,8 +86,6 @@ class LabConfig:
     """Name of the run directory under --runs-dir."""
     runs_dir: str = "runs"
     """Where run directories are created."""
-    overwrite: bool = False
-    """Replace an existing run directory of the same name."""
     resume: str | None = None
     """A run directory to continue from its newest complete checkpoint, with the run's saved
     config.yaml (`rlvr train --resume runs/NAME`); other settings are refused unless they equal
@@ -105,23 +102,12 @@ class LabConfig:
     """With a chat template: this many worked examples of the task (correct solutions drawn
     from its training distribution, never from the held-out set) as earlier user/assistant
     turns in front of every prompt, in training and evaluation alike."""
-    seed: int = 0
-    """Seed of the RL run (sampling, data order)."""
-    device: str = "auto"
-    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
-    bfloat16. Weights and optimizer state stay float32."""
-    threads: int = 2
-    """CPU threads for the update (torch.set_num_threads; the CPU only)."""
     cache_dir: str | None = None
     """Where base models are cached (default: $RLVR_CACHE or ~/.cache/rlvr)."""
     eval_samples: int = 8
     """Sampled completions per held-out problem for the start and end pass@1."""
     eval_seed: int = 1
     """Seed of the sampled held-out evaluation (the same at the start and the end)."""
-    progress: bool = True
-    """Show progress bars."""
     verifier: str = "strict"
     """Training reward: strict (the math verifier) or weak (substring match, gameable: a
     demonstration of reward hacking). Held-out accuracy and the monitor always use strict."""
@@ -134,23 +120,16 @@ class LabConfig:
     set: tuple[str, ...] = ()
     """Overrides of GRPO switches as key=value, applied last (e.g. --set epsilon_high=0.28
     beta=0.01): the same as --grpo.epsilon-high 0.28 --grpo.beta 0.01."""
-    task: str = "arithmetic"
-    """The task: arithmetic (math verifier), reasoning (addition with a <think> block and
-    mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls),
-    reasoning_gym:NAME[?key=value&...][+NAME...] (a reasoning-gym generator, graded by rlvr's
-    verifiers; `pip install 'rlvr[gym]'`), or a dataset file of your own rows: .jsonl, .json,
-    .parquet or a `datasets` directory in rlvr's (prompt, answer[, solution]), TRL's (prompt,
-    solution) or verl's (data_source, prompt messages, reward_model.ground_truth) layout
-    (`pip install 'rlvr[data]'` for parquet and directories)."""
-    columns: str | None = None
-    """A dataset file's columns as rlvr's fields, instead of detecting the layout: e.g.
-    prompt=question,answer=reward_model.ground_truth (dotted paths reach nested fields)."""
     report_to: str = "none"
     """Trackers that get the same metrics as metrics.jsonl, the samples and the config:
     none, or a comma-separated list of tensorboard (event files in the run directory), wandb
     (WANDB_MODE=offline works), trackio (local); `pip install 'rlvr[tensorboard]'` etc."""
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
-    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
+    place: Annotated[RunPlace, tyro.conf.arg(name="")] = field(default_factory=RunPlace)
+    """Device, precision, threads, seed (of the RL run: sampling, data order), progress output
+    and --overwrite (flags without a prefix)."""
+    task: Annotated[TaskChoice, tyro.conf.arg(name="")] = field(default_factory=TaskChoice)
+    """The task and its generators' options (flags without a prefix: --task, --columns,
+    --arithmetic.*, --reasoning.*)."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -167,6 +146,15 @@ class LabConfig:
     'rlvr[ray]'`; a local Ray on 127.0.0.1 unless `--ray-address auto|HOST:PORT` joins one
     started with `ray start --head`); `--placement separate|colocated`, `--weight-transport
     object-store|nccl` (GPUs only)."""
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{key: f"place.{key}" for key in ("device", "dtype", "threads", "seed")},
+        **{key: f"place.{key}" for key in ("progress", "overwrite")},
+        "task": "task.name",
+        **{key: f"task.{key}" for key in ("columns", "arithmetic", "reasoning")},
+    }
+    """Keys of the flat layout (config.yaml of runs before `place` and `task` were nested) and
+    where they live now; `from_dict` moves them, so those runs resume."""
 
     def __post_init__(self) -> None:
         # the recipe is the default of `grpo`: applied here, once, and only to a grpo left out
@@ -220,7 +208,7 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
     """Refuse impossible settings before anything is written or loaded, as `UserError`s."""
     check_installed(parse_report_to(config.report_to))
     for flag, value, least in (
-        ("--threads", config.threads, 1),
+        ("--threads", config.place.threads, 1),
         ("--few-shot", config.few_shot, 0),
         ("--eval-samples", config.eval_samples, 1),
     ):
@@ -265,15 +253,18 @@ RESUME_FREE = (
     "resume",
     "runs_dir",
     "run_name",
-    "progress",
-    "overwrite",
-    "device",
-    "dtype",
+    "place.progress",
+    "place.overwrite",
+    "place.device",
+    "place.dtype",
     "rollout",
     "report_to",
 )
-"""Fields that a resume takes from the call, not from the saved config.yaml (where the run
-samples may change: a resume on Ray workers continues a run begun in one process)."""
+"""Fields (dotted paths; a part's name frees all of it) that a resume takes from the call, not
+from the saved config.yaml (where the run samples may change: a resume on Ray workers
+continues a run begun in one process)."""
+UNPREFIXED = ("place", "task")
+"""The parts whose flags have no prefix: `place.threads` is `--threads`, `task.name` `--task`."""
 KEPT_UNLESS_GIVEN = ("rollout", "report_to")
 """Of those, the ones a call that leaves them at their default keeps from the saved config: a
 bare `--resume` of a Ray run resumes on Ray with as many actors, logging where it logged."""
@@ -295,14 +286,16 @@ def resume_config(config: LabConfig) -> LabConfig:
     differ = [
         key
         for key, value in given.items()
-        if key.split(".")[0] not in RESUME_FREE
+        if key not in RESUME_FREE
+        and key.split(".")[0] not in RESUME_FREE
         and value != default.get(key)
         and value != kept.get(key)
     ]
     if differ:
         raise ConfigError(
             f"--resume continues {run_dir} with its saved config.yaml; these settings differ "
-            f"from it and would be ignored, so they are refused: {', '.join(differ)}"
+            f"from it and would be ignored, so they are refused: "
+            + ", ".join(_flag_name(key) for key in differ)
         )
     unset = LabConfig()
     taken = {
@@ -314,11 +307,23 @@ def resume_config(config: LabConfig) -> LabConfig:
         runs_dir=str(run_dir.parent),
         run_name=run_dir.name,
         resume=str(run_dir),
-        progress=config.progress,
-        device=config.device,
-        dtype=config.dtype,
+        place=dataclasses.replace(
+            saved.place,
+            progress=config.place.progress,
+            device=config.place.device,
+            dtype=config.place.dtype,
+        ),
         **taken,
     )
+
+
+def _flag_name(key: str) -> str:
+    """A dotted field path as its flag spells it, without `--`: `place.threads` -> `threads`,
+    `task.name` -> `task`, `task.arithmetic.digits` -> `arithmetic.digits`."""
+    part, _, rest = key.partition(".")
+    if part not in UNPREFIXED or not rest:
+        return key
+    return "task" if key == "task.name" else rest
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -334,14 +339,7 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def lab_task(config: LabConfig) -> TaskSpec:
     """The TaskSpec of `config.task`, from the task registry (an unknown task: `TaskError`)."""
-    return user_task(
-        config.task,
-        config.arithmetic,
-        config.reasoning,
-        hedge_prob=effective_hedge_prob(config),
-        seed=config.seed,
-        columns=config.columns,
-    )
+    return user_task(config.task, hedge_prob=effective_hedge_prob(config), seed=config.place.seed)
 
 
 def effective_hedge_prob(config: LabConfig) -> float:
@@ -352,26 +350,25 @@ def effective_hedge_prob(config: LabConfig) -> float:
 def _base_settings(config: LabConfig) -> tuple[object | None, BaseConfig]:
     """(the task's config, the base's settings with the hedge resolved): with the task name and
     the model shape, what keys the lab's base model in the cache."""
-    named = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}
-    task_config = named.get(config.task, config.columns)  # a dataset file: its column mapping
+    task_config = config.task.generator_config()  # a dataset file: its column mapping
     return task_config, dataclasses.replace(config.base, hedge_prob=effective_hedge_prob(config))
 
 
 def lab_base_dir(config: LabConfig) -> Path:
     """The cache directory of the lab's base model (present or not)."""
     task_config, base = _base_settings(config)
-    return base_model_dir(config.task, task_config, config.tiny, base, config.cache_dir)
+    return base_model_dir(config.task.name, task_config, config.tiny, base, config.cache_dir)
 
 
 def build_base_model(
     config: LabConfig, task: TaskSpec, log: RunLog | None = None
 ) -> tuple[Path, bool]:
     """Return (directory of the base model, whether it came from the cache); its training's
-    progress bar shows unless `log` is quiet (default: `config.progress`)."""
+    progress bar shows unless `log` is quiet (default: `--progress`)."""
     task_config, base = _base_settings(config)
-    progress = config.progress if log is None else log.progress
+    progress = config.place.progress if log is None else log.progress
     return cached_base_model(
-        config.task, task, task_config, config.tiny, base, config.cache_dir, progress
+        config.task.name, task, task_config, config.tiny, base, config.cache_dir, progress
     )
 
 
@@ -381,7 +378,7 @@ def run_lab(config: LabConfig) -> dict:
     config, task = _resolve(config)
     if config.resume is not None:
         print(f"[rlvr] resuming {config.resume} with its saved config.yaml")
-    precision = resolve_precision(config.device, config.dtype)  # before anything is written
+    precision = resolve_precision(config.place.device, config.place.dtype)  # before any write
     ctx = init_distributed(precision.device, config.grpo.worker_timeout_s)  # torchrun's ranks
     precision = dataclasses.replace(precision, device=ctx.device)
     try:
@@ -398,15 +395,15 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
     torchrun every rank runs it: rank 0 makes the base model and the run directory first, the
     others then find them; all train; rank 0 alone reports (the others return {})."""
     reward_fn = training_reward(config.verifier, task)
-    log = RunLog(config.progress).only_if(ctx.is_main)
+    log = RunLog(config.place.progress).only_if(ctx.is_main)
     if precision.is_cpu:  # the ranks of one machine share its cores
-        torch.set_num_threads(max(1, config.threads // ctx.world_size))
+        torch.set_num_threads(max(1, config.place.threads // ctx.world_size))
     resume = config.resume is not None
     with main_first(ctx, "the run directory"):
         run = RunDirectory(
             config.runs_dir,
             config.run_name,
-            overwrite=config.overwrite and ctx.is_main,
+            overwrite=config.place.overwrite and ctx.is_main,
             resume=resume or not ctx.is_main,
             claim=ctx.is_main,  # one live run per directory
         )
@@ -436,9 +433,10 @@ def _train(
         log.say(f"base model: {base_dir} ({'cached' if cached else 'trained'})")
     else:
         base_dir = Path(config.model)
-    model, tokenizer = load_policy(base_dir, config.lora, config.seed, precision)
+    model, tokenizer = load_policy(base_dir, config.lora, config.place.seed, precision)
     if ctx.is_main:
-        run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
+        written = dataclasses.replace(config.place, overwrite=False)
+        run.write_config(to_dict(dataclasses.replace(config, resume=None, place=written)))
     base_seconds = time.perf_counter() - start
     log.say(
         f"{count_parameters(model):,} parameters on {precision.describe()}, "
@@ -449,7 +447,8 @@ def _train(
     evaluate = _Evaluator(config, task, tokenizer, held_out)
     base_eval = _evaluate_base(evaluate, model, config, task, log) if ctx.is_main else {}
 
-    rows = format_rows(tokenizer, task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET), *template)
+    seed = config.place.seed
+    rows = format_rows(tokenizer, task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), *template)
     rl_start = time.perf_counter()
     records = train_policy(
         model,
@@ -463,7 +462,7 @@ def _train(
         lora=config.lora,
         rollout=config.rollout,
         precision=precision,
-        seed=config.seed,
+        seed=seed,
         log=log,
         strict_reward_fn=task.reward_fn,
         resume=config.resume is not None,
