@@ -93,3 +93,9 @@ def test_the_flat_eval_and_sample_layouts_load():
     assert (evaluate.place.seed, evaluate.task.name) == (5, "code")
     sample = from_dict(SampleConfig, {"model": "m", "output": "o", "threads": 4, "overwrite": True})
     assert dataclasses.astuple(sample.place)[2:] == (4, 0, True, True)
+
+
+def test_a_task_name_alone_is_a_choice():
+    # course/lab.md's library call: LabConfig(task="rows.jsonl", ...)
+    assert LabConfig(task="rows.jsonl").task == TaskChoice("rows.jsonl")
+    assert LabConfig(task="reasoning") == LabConfig(task=TaskChoice("reasoning"))

@@ -129,7 +129,8 @@ class LabConfig:
     and --overwrite (flags without a prefix)."""
     task: Annotated[TaskChoice, tyro.conf.arg(name="")] = field(default_factory=TaskChoice)
     """The task and its generators' options (flags without a prefix: --task, --columns,
-    --arithmetic.*, --reasoning.*)."""
+    --arithmetic.*, --reasoning.*); in Python a task name alone (`task="rows.jsonl"`) is
+    `TaskChoice("rows.jsonl")`."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -157,6 +158,8 @@ class LabConfig:
     where they live now; `from_dict` moves them, so those runs resume."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.task, str):  # `LabConfig(task="rows.jsonl")`: the task's name alone
+            object.__setattr__(self, "task", TaskChoice(self.task))
         # the recipe is the default of `grpo`: applied here, once, and only to a grpo left out
         if self.recipe is not None and self.grpo == GRPOConfig():
             object.__setattr__(self, "grpo", recipe_config(self.recipe))
