@@ -28,10 +28,13 @@ import torch  # noqa: E402
 def lab_setup(digits: int):
     """(LabConfig, TaskSpec) of the lab's arithmetic task with `digits`-digit operands, every
     other setting (base model, shape, seeds) the lab's default."""
+    from rlvr.config import RunPlace
     from rlvr.pipelines.lab import LabConfig, lab_task
     from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+    from rlvr.tasks.registry import TaskChoice
 
-    config = LabConfig(arithmetic=ArithmeticTaskConfig(digits=digits), progress=False)
+    task = TaskChoice(arithmetic=ArithmeticTaskConfig(digits=digits))
+    config = LabConfig(task=task, place=RunPlace(progress=False))
     return config, lab_task(config)
 
 

@@ -44,11 +44,12 @@ def main() -> None:
     rounds = 2 if args.quick else args.rounds
     torch.set_num_threads(args.threads)
 
+    from rlvr.config import RunPlace
     from rlvr.models.tiny import load_model
     from rlvr.pipelines.lab import LabConfig, build_base_model, lab_task
     from rlvr.rollout.sampler import sample_completions
 
-    config = LabConfig(progress=False)
+    config = LabConfig(place=RunPlace(progress=False))
     task = lab_task(config)
     model_dir, _ = build_base_model(config, task)
     model, tokenizer = load_model(model_dir)

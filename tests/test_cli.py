@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from rlvr.cli import main, parse_lab
-from rlvr.config import UserError
+from rlvr.config import RunPlace, UserError
 from rlvr.pipelines.lab import LabConfig, resolve
 from rlvr.train.config import GRPOConfig
 from rlvr.train.recipes import RECIPES, recipe_config
@@ -134,8 +135,11 @@ def test_flags_override_the_recipe():
     config = resolve(parse_lab(["dapo", "--grpo.lr", "3e-5", "--grpo.epsilon-high", "0.3"]))
     assert config.recipe == "dapo" and config.grpo.dynamic_sampling
     assert (config.grpo.lr, config.grpo.epsilon_high) == (3e-5, 0.3)
-    library = resolve(LabConfig(recipe="dapo", grpo=GRPOConfig(lr=3e-5, epsilon_high=0.3)))
-    assert library == config
+    dapo = recipe_config("dapo")
+    library = LabConfig(recipe="dapo", grpo=dataclasses.replace(dapo, lr=3e-5, epsilon_high=0.3))
+    assert resolve(library) == config
+    # a grpo given in Python is taken as it is: the recipe fills only a grpo left out
+    assert not resolve(LabConfig(recipe="dapo", grpo=GRPOConfig(lr=3e-5))).grpo.dynamic_sampling
 
 
 def test_a_recipe_switch_set_back_to_the_default_stays_set():
@@ -158,9 +162,11 @@ def test_resume_refuses_other_settings(tmp_path: Path):
     run = tmp_path / "r"
     run.mkdir()
     (run / "config.yaml").write_text("recipe: dapo\nseed: 3\nresume: false\ngrpo: {lr: 0.001}\n")
-    config = resolve(LabConfig(resume=str(run), progress=False))
-    assert (config.seed, config.grpo.lr, config.recipe) == (3, 0.001, "dapo")
+    config = resolve(LabConfig(resume=str(run), place=RunPlace(progress=False)))
+    assert (config.place.seed, config.grpo.lr, config.recipe) == (3, 0.001, "dapo")
     assert (config.runs_dir, config.run_name, config.resume) == (str(tmp_path), "r", str(run))
-    assert resolve(LabConfig(resume=str(run), seed=3)).seed == 3  # the saved value is fine
+    assert (
+        resolve(LabConfig(resume=str(run), place=RunPlace(seed=3))).place.seed == 3
+    )  # the saved value is fine
     with pytest.raises(UserError, match="refused: threads, grpo.lr"):
-        resolve(LabConfig(resume=str(run), threads=4, grpo=GRPOConfig(lr=0.5)))
+        resolve(LabConfig(resume=str(run), place=RunPlace(threads=4), grpo=GRPOConfig(lr=0.5)))

@@ -15,6 +15,7 @@ from rlvr.pipelines import stages
 from rlvr.pipelines.common import PipelineContext
 from rlvr.pipelines.pipeline import parse_pipeline
 from rlvr.report.run_dir import read_jsonl
+from rlvr.report.run_log import QUIET
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine
 from rlvr.tasks import reasoning
@@ -177,7 +178,7 @@ def test_the_grpo_stage_teacher_parses_and_an_unknown_stage_is_named(tmp_path):
     assert config.teacher == "<the model of stage t>" and config.group_size == 1
     assert stages.grpo_stage_config(settings, task, teacher_dir="/m").teacher == "/m"
     wrong = dataclasses.replace(settings, teacher="nope")
-    ctx = PipelineContext(task_config, task, None, 0, False)
+    ctx = PipelineContext(task_config, task, None, 0, QUIET)
     with pytest.raises(ConfigError, match="teacher: stage 'nope' did not run earlier") as info:
         stages.run_grpo_stage(wrong, ctx, tmp_path)
     assert "\n" not in str(info.value)

@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from rlvr.config import ConfigError
+from rlvr.config import ConfigError, RunPlace
 from rlvr.devices import resolve_precision
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.pipelines import stages
@@ -27,6 +27,7 @@ from rlvr.pipelines.dpo import (
 from rlvr.pipelines.lab import LabConfig, build_base_model, lab_base_dir, lab_task
 from rlvr.pipelines.pipeline import load_pipeline, parse_pipeline
 from rlvr.report.run_dir import RunDirectory, read_jsonl
+from rlvr.tasks.registry import TaskChoice
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.dpo import pairs_of_prompt
 
@@ -174,7 +175,7 @@ def test_model_lab_is_the_labs_cached_base(tmp_path, monkeypatch, task, base):
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
     config = DPOConfig(task=task, tiny=SHAPE, base=base, progress=False)
     directory = _model_dir(config, user_task(task, config.arithmetic, config.reasoning))
-    lab = LabConfig(task=task, tiny=SHAPE, base=base, progress=False)
+    lab = LabConfig(task=TaskChoice(task), tiny=SHAPE, base=base, place=RunPlace(progress=False))
     assert directory == lab_base_dir(lab)
     assert (directory / "config.json").exists()
     assert build_base_model(lab, lab_task(lab)) == (directory, True)  # the lab finds it cached

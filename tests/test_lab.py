@@ -6,11 +6,13 @@ import json
 import pytest
 
 from rlvr.cli import main
+from rlvr.config import RunPlace
 from rlvr.models.tiny import TinyModelConfig
 from rlvr.pipelines.base_model import BaseConfig
 from rlvr.pipelines.lab import LabConfig, build_base_model, lab_base_dir, lab_task
 from rlvr.report.run_dir import read_jsonl
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
+from rlvr.tasks.registry import TaskChoice
 from tests.helpers import SMALL_TRAIN_FLAGS, TINY_MODEL_FLAGS
 from tests.test_cli import cli_error
 
@@ -118,8 +120,8 @@ def test_lab_writes_a_complete_run_directory(tmp_path, capsys):
 def test_base_model_is_cached_by_config_hash(tmp_path):
     config = LabConfig(
         cache_dir=str(tmp_path),
-        progress=False,
-        arithmetic=ArithmeticTaskConfig(digits=1, held_out_size=5),
+        place=RunPlace(progress=False),
+        task=TaskChoice(arithmetic=ArithmeticTaskConfig(digits=1, held_out_size=5)),
         tiny=TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32),
         base=BaseConfig(steps=2, batch_size=4),
     )

@@ -8,6 +8,7 @@ from rlvr.pipelines import pipeline as pipeline_module
 from rlvr.pipelines import stages
 from rlvr.pipelines.common import PipelineContext
 from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
+from rlvr.report.run_log import QUIET
 from rlvr.report.stats import format_interval
 from rlvr.tasks.reasoning import task_spec as reasoning_task_spec
 
@@ -89,20 +90,20 @@ def test_impossible_grpo_settings_are_refused_before_any_stage_runs(tmp_path):
         "stages": [SPEC["stages"][0], {"name": "rl", "kind": "grpo", "grpo": {"group_size": 1}}],
     }
     with pytest.raises(ConfigError, match=r"stages\[1\] \(rl\)\.grpo: .*group_size must be >= 2"):
-        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
+        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", log=QUIET)
     assert not (tmp_path / "run" / "01-base").exists()
     rollout = {"name": "rl", "kind": "grpo", "rollout": {"ray": True, "rollout_workers": 0}}
     spec = {**SPEC, "stages": [SPEC["stages"][0], rollout]}
     with pytest.raises(
         ConfigError, match=r"stages\[1\] \(rl\)\.rollout: --rollout-workers must be >= 1"
     ):
-        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
+        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", log=QUIET)
 
 
 def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
     out = tmp_path / "run"
     spec = load_pipeline(write(tmp_path, SPEC))
-    report = run_pipeline(spec, out, progress=False, report_to="tensorboard")
+    report = run_pipeline(spec, out, log=QUIET, report_to="tensorboard")
     assert [r["stage"] for r in report] == ["base", "cold", "rl", "samples", "budget"]
     assert list((out / "03-rl" / "grpo" / "tensorboard").glob("events.out.tfevents.*"))
     for row in report:
@@ -135,11 +136,11 @@ def test_pipeline_runs_reports_and_skips_finished_stages(tmp_path, monkeypatch):
             return fn(s, ctx, d)
 
         monkeypatch.setitem(stages.STAGE_KINDS, kind, (cls, counting))
-    run_pipeline(load_pipeline(write(tmp_path, SPEC)), out, progress=False)
+    run_pipeline(load_pipeline(write(tmp_path, SPEC)), out, log=QUIET)
     assert calls == []
     changed = json.loads(json.dumps(SPEC))
     changed["stages"][3]["sampling"]["num_samples"] = 3
-    run_pipeline(load_pipeline(write(tmp_path, changed)), out, progress=False)
+    run_pipeline(load_pipeline(write(tmp_path, changed)), out, log=QUIET)
     assert calls == ["sample", "thinking_budget"]
 
 
@@ -148,7 +149,7 @@ def test_sample_stage_keeps_only_verified_readable_rows(tmp_path):
     spec["stages"] = spec["stages"][:1] + [
         {"name": "samples", "kind": "sample", "prompts": 8, "sampling": {"num_samples": 4}}
     ]
-    run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
+    run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", log=QUIET)
     from rlvr.tasks import reasoning
 
     for line in open(tmp_path / "run" / "02-samples" / "samples.jsonl"):
@@ -158,7 +159,7 @@ def test_sample_stage_keeps_only_verified_readable_rows(tmp_path):
 
 
 def test_stage_context_names_missing_models():
-    ctx = PipelineContext(None, None, None, 0, False)
+    ctx = PipelineContext(None, None, None, 0, QUIET)
     with pytest.raises(ValueError, match="start with a `base` stage"):
         ctx.model_of(None)
     with pytest.raises(ValueError, match="'teacher'"):
@@ -174,7 +175,7 @@ def test_sft_sources_mix_generated_rows_and_retagged_sample_rows(tmp_path):
     samples = tmp_path / "samples.jsonl"
     samples.write_text(json.dumps({"prompt": "12+34=", "completion": "<think>x</think>46"}) + "\n")
     config = reasoning.ReasoningTaskConfig(digits=2, held_out_size=8)
-    ctx = PipelineContext(config, reasoning.task_spec(config), None, 0, False)
+    ctx = PipelineContext(config, reasoning.task_spec(config), None, 0, QUIET)
     ctx.outputs["s"] = {"data": str(samples)}
     rows = stages.sft_pairs(("readable:3", "no_think:2", "s", "s@think"), ctx, seed=0)
     prompts = [r["prompt"] for r in rows]
@@ -213,5 +214,5 @@ def test_a_stage_naming_a_stage_that_is_not_earlier_is_refused_before_anything_r
     with pytest.raises(
         ConfigError, match=r"stages\[1\] \(rl\)\.teacher: 'later' is not an earlier"
     ):
-        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", progress=False)
+        run_pipeline(load_pipeline(write(tmp_path, spec)), tmp_path / "run", log=QUIET)
     assert not (tmp_path / "run" / "01-base").exists()  # nothing ran

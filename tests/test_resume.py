@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlvr.cli import main
-from rlvr.config import UserError
+from rlvr.config import RunPlace, UserError
 from rlvr.pipelines.lab import LabConfig, run_lab
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.train.checkpoint import latest_checkpoint
@@ -116,10 +116,10 @@ def test_resume_takes_the_saved_config_and_refuses_other_flags(tmp_path, capsys)
     main(["train", "--resume", str(run), "--no-progress"])  # finished run: nothing to redo
     assert stable(read_jsonl(run / "metrics.jsonl")) == stable(before)
     # the saved config is what a resume uses, also from the library with none of the flags
-    run_lab(LabConfig(resume=str(run), progress=False))
+    run_lab(LabConfig(resume=str(run), place=RunPlace(progress=False)))
     assert stable(read_jsonl(run / "metrics.jsonl")) == stable(before)
     with pytest.raises(UserError, match="refused: seed"):
-        run_lab(LabConfig(resume=str(run), seed=5))
+        run_lab(LabConfig(resume=str(run), place=RunPlace(seed=5)))
     # a run directory another live process writes (here: this one, through another handle) is
     # refused before anything is written, and free again once that process lets it go
     holder = RunDirectory(run.parent, run.name, resume=True, claim=True)
@@ -173,7 +173,7 @@ def test_bad_inputs_are_refused_before_any_compute(tmp_path, capsys):
         read_only = tmp_path / "a-file"
         read_only.write_text("")
     with pytest.raises(UserError):  # the library's error: PermissionError or NotADirectoryError
-        run_lab(LabConfig(runs_dir=str(read_only), progress=False))
+        run_lab(LabConfig(runs_dir=str(read_only), place=RunPlace(progress=False)))
     assert cli_error(["train", "--runs-dir", str(read_only), "--no-progress"], capsys)
 
 

@@ -9,7 +9,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import contextlib  # noqa: E402
-import dataclasses  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
@@ -209,6 +208,7 @@ def pipeline(config: PipelineConfig) -> None:
     """`rlvr pipeline`: list the built-ins, or run (resume) one and point at its report."""
     from rlvr.devices import resolve_precision
     from rlvr.pipelines.pipeline import builtin_pipelines, load_pipeline, run_pipeline
+    from rlvr.report.run_log import RunLog
 
     if config.list:
         for name in builtin_pipelines():
@@ -218,7 +218,8 @@ def pipeline(config: PipelineConfig) -> None:
     precision = resolve_precision(config.device, config.dtype)
     spec = load_pipeline(config.pipeline)
     out = config.out_dir or f"runs/pipeline-{spec.name}"
-    run_pipeline(spec, out, config.progress, config.reevaluate, precision, config.report_to)
+    log = RunLog(config.progress, to_stderr=True)
+    run_pipeline(spec, out, log, config.reevaluate, precision, config.report_to)
     print(f"[rlvr] report: {out}/report.md, figure: {out}/report.png")
 
 
@@ -428,13 +429,10 @@ def _usage(argv: list[str]) -> None:
 
 
 def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
-    """`[RECIPE] [flags]` as a LabConfig: the recipe's config (`recipe_lab_config`) or the
-    lab's defaults, with the flags applied by tyro.
-
-    A recipe switch given back its `GRPOConfig` default (`rlvr train dapo --grpo.dynamic-sampling
-    False`) is moved to `set`, so `resolve`'s rule (a recipe fills the fields at their default)
-    does not fill it again.
-    """
+    """`[RECIPE] [flags]` as a LabConfig: the flags applied by tyro to the recipe's config
+    (`recipe_lab_config`, tyro's default instance) or to the lab's defaults. The recipe is
+    applied here once; `resolve` does not apply it again, so a recipe switch given back its
+    `GRPOConfig` default (`rlvr train dapo --grpo.no-dynamic-sampling`) stays set."""
     from rlvr.pipelines.lab import recipe_lab_config
     from rlvr.train.recipes import RECIPES
 
@@ -447,27 +445,9 @@ def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
     recipe = args[0] if args and not args[0].startswith("-") else None
     default = recipe_lab_config(recipe) if recipe else LabConfig()
     description = TRAIN_USAGE.format(recipes=", ".join(RECIPES))
-    config = parse_args(
+    return parse_args(
         LabConfig, args[1:] if recipe else args, prog, description=description, default=default
     )
-    if recipe is None:
-        return config
-    return dataclasses.replace(config, set=(*_defaults_given(config), *config.set))
-
-
-def _defaults_given(config: LabConfig) -> list[str]:
-    """`key=value` for each switch of `config.recipe` that the flags set back to GRPOConfig's
-    default (it differs from the recipe's value, so it was given)."""
-    from rlvr.train.config import GRPOConfig
-    from rlvr.train.recipes import RECIPES, recipe_config
-
-    assert config.recipe is not None
-    recipe, defaults = recipe_config(config.recipe), GRPOConfig()
-    return [
-        f"{key}={getattr(config.grpo, key)}"
-        for key in RECIPES[config.recipe]
-        if getattr(config.grpo, key) == getattr(defaults, key) != getattr(recipe, key)
-    ]
 
 
 if __name__ == "__main__":

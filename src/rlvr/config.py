@@ -59,6 +59,34 @@ class ConfigError(UserError, ValueError):
     """
 
 
+@dataclasses.dataclass(frozen=True)
+class RunPlace:
+    """Where and how a run runs: its device and precision, CPU threads, seed, progress output
+    and whether it may replace its output. The entry points nest it without a prefix
+    (`--device`, `--seed`, `--no-progress`, `--overwrite`, ...); one that takes some of these
+    elsewhere hides them (a subclass with those fields `tyro.conf.Suppress`ed)."""
+
+    device: str = "auto"
+    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
+    dtype: str = "auto"
+    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
+    bfloat16. Weights and optimizer state stay float32."""
+    threads: int = 2
+    """CPU threads (torch.set_num_threads; the CPU only)."""
+    seed: int = 0
+    """Seed of the run (sampling, data order)."""
+    progress: bool = True
+    """Show progress bars and the `[rlvr]` progress lines."""
+    overwrite: bool = False
+    """Replace an existing run directory or output file of the same name."""
+
+
+MOVED_KEYS_ATTR = "MOVED_KEYS"
+"""A dataclass may map keys of its older, flat layout to their dotted places in the nested one
+(`{"seed": "place.seed"}`) in a class attribute of this name; `from_dict` moves them, so saved
+configs of the older layout still load."""
+
+
 # --- public functions ---------------------------------------------------------------------
 
 
@@ -66,13 +94,16 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     """Build the dataclass `cls` from `data`, checking every value against its annotation.
 
     Nested dataclass fields are built from nested mappings; fields missing from `data` keep
-    their defaults. `where` is the path of `data` inside a larger document (e.g.
-    `stages[2].grpo`) and prefixes every field path in errors. Raises ConfigError for an
+    their defaults. Keys of an older flat layout that `cls.MOVED_KEYS` names are moved to their
+    nested places first (a key also a field of `cls` moves only when its value is no mapping).
+    `where` is the path of `data` inside a larger document (e.g. `stages[2].grpo`) and prefixes
+    every field path in errors. Raises ConfigError for an
     unknown key (naming the nearest valid one), a missing required key or a wrong type.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where or cls.__name__}: {_mismatch_text(cls, data)}")
     fields = _init_fields(cls)
+    data = _move_flat_keys(cls, data, fields)
     for key in data:
         _check_known(key, fields, where)
     missing = [name for name, f in fields.items() if name not in data and _required(f)]
@@ -293,6 +324,30 @@ def _to_dataclass(value: Any, cls: type, path: str) -> Any:
 
 
 # --- helpers ------------------------------------------------------------------------------
+
+
+def _move_flat_keys(
+    cls: type, data: Mapping[str, Any], fields: Mapping[str, Any]
+) -> Mapping[str, Any]:
+    """`data` with the keys of `cls`'s older flat layout (`MOVED_KEYS`) moved to their dotted
+    places (`seed` -> `place: {seed: ...}`); a value given in both places is refused."""
+    moved: Mapping[str, str] = getattr(cls, MOVED_KEYS_ATTR, {})
+    old = [k for k in data if k in moved and not (k in fields and isinstance(data[k], Mapping))]
+    if not old:
+        return data
+    out = {k: v for k, v in data.items() if k not in old}
+    for key in old:
+        *parents, leaf = moved[key].split(".")
+        node = out
+        for part in parents:
+            inner = node.get(part, {})
+            if not isinstance(inner, Mapping):
+                raise ConfigError(f"{part}: expected a mapping, got {inner!r}")
+            node[part] = node = dict(inner)
+        if leaf in node:
+            raise ConfigError(f"{key} and {moved[key]} both given: keep one ({moved[key]})")
+        node[leaf] = data[key]
+    return out
 
 
 @functools.cache

@@ -18,8 +18,9 @@ from rlvr.config import ConfigError, UserError
 from rlvr.devices import Precision, resolve_precision
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
+from rlvr.report.run_log import RunLog
 from rlvr.tasks.reasoning import ReasoningTaskConfig
-from rlvr.tasks.registry import build_task
+from rlvr.tasks.registry import TaskChoice, build_task, task_spec
 from rlvr.tasks.spec import TaskSpec
 
 TRAIN_ROWS_SEED_OFFSET = 10_000
@@ -48,11 +49,15 @@ class TaskError(UserError, ValueError):
     """A task name or task file that cannot be used (unknown task, too few distinct rows)."""
 
 
-def user_task(name: str, *args: Any, **kwargs: Any) -> TaskSpec:
-    """`build_task(name, ...)`, with its refusals (an unknown task, an unusable task file) as
-    `TaskError`; a malformed JSONL file is a `JSONLError`, a user error already."""
+def user_task(task: TaskChoice | str, *args: Any, **kwargs: Any) -> TaskSpec:
+    """The TaskSpec of `task` (`registry.task_spec(task, hedge_prob=..., seed=...)`; a task
+    name with flat arguments: `registry.build_task(name, ...)`, as sft and dpo call it), with
+    the registry's refusals (an unknown task, an unusable task file) as `TaskError`; a
+    malformed JSONL file is a `JSONLError`, a user error already."""
     try:
-        return build_task(name, *args, **kwargs)
+        if isinstance(task, TaskChoice):
+            return task_spec(task, *args, **kwargs)
+        return build_task(task, *args, **kwargs)
     except UserError:
         raise
     except ValueError as exc:
@@ -97,12 +102,17 @@ class PipelineContext:
     task: TaskSpec
     tiny: TinyModelConfig
     seed: int
-    progress: bool
+    log: RunLog = field(default_factory=RunLog)  # the stages' [rlvr] lines and progress bars
     precision: Precision = field(default_factory=lambda: resolve_precision("cpu", "float32"))
     outputs: dict[str, dict[str, str]] = field(default_factory=dict)  # stage -> its files
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     last_model: str | None = None  # the most recent stage's model directory
     report_to: tuple[str, ...] = ()  # trackers of every GRPO stage (`parse_report_to`)
+
+    @property
+    def progress(self) -> bool:
+        """Whether progress bars show (`log.progress`), for stages that take a flag."""
+        return self.log.progress
 
     def model_of(self, stage: str | None) -> str:
         """The model directory of `stage` (None: the latest model-producing stage)."""

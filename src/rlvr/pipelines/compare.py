@@ -16,16 +16,22 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from rlvr.config import UserError
+from rlvr.config import RunPlace, UserError
 from rlvr.pipelines.lab import LabConfig, resolve, run_lab
 from rlvr.report.run_dir import read_jsonl
+from rlvr.report.run_log import RunLog
 from rlvr.report.stats import format_interval
 from rlvr.train.config import GRPOConfig
+from rlvr.train.recipes import apply_recipe
+
+COMPARE_LOG = RunLog(prefix="rlvr compare")
+"""`rlvr compare`'s own lines (`[rlvr compare] RECIPE -> RUN_DIR`, then the table)."""
 
 
 def _compare_train_default() -> LabConfig:
     """What every recipe of `rlvr compare` trains by default: 60 steps, overwriting, quiet."""
-    return LabConfig(overwrite=True, progress=False, grpo=GRPOConfig(steps=60))
+    place = RunPlace(overwrite=True, progress=False)
+    return LabConfig(place=place, grpo=GRPOConfig(steps=60))
 
 
 @dataclass(frozen=True)
@@ -47,8 +53,15 @@ def run_compare(config: CompareConfig) -> dict[str, dict[str, Any]]:
     before the first child starts), then `compare_recipes`; returns its table rows."""
     recipes = [r.strip() for r in config.recipes.split(",") if r.strip()]
     for recipe in recipes:  # an unknown name or impossible setting: before the first child
-        resolve(dataclasses.replace(config.train, recipe=recipe))
+        resolve(recipe_train_config(config.train, recipe))
     return compare_recipes(recipes, config.train, config.name)
+
+
+def recipe_train_config(train: LabConfig, recipe: str) -> LabConfig:
+    """`train` for one recipe of `rlvr compare`: the recipe's switches fill the `train.grpo`
+    fields left at `GRPOConfig`'s defaults (`apply_recipe`); `--train.grpo.*` flags set to
+    other values win. A switch set back to its default: `--train.set`, applied after."""
+    return dataclasses.replace(train, recipe=recipe, grpo=apply_recipe(recipe, train.grpo))
 
 
 def run_recipe(config: LabConfig) -> dict[str, Any]:
@@ -167,25 +180,26 @@ def plot_comparison(runs: dict[str, Path], path: Path) -> Path:
 
 
 def compare_recipes(
-    recipes: list[str], train: LabConfig, name: str, progress: bool = True
+    recipes: list[str], train: LabConfig, name: str, log: RunLog = COMPARE_LOG
 ) -> dict[str, dict[str, Any]]:
     """Run each recipe on `train` (its `recipe` and `run_name` set per recipe; the recipe fills
-    the grpo fields left at their defaults, as `resolve` says); write compare.png, compare.md,
+    the grpo fields left at their defaults, `recipe_train_config`); write compare.png, compare.md,
     compare.json under train.runs_dir/name and return the table rows."""
     out = Path(train.runs_dir) / name
     out.mkdir(parents=True, exist_ok=True)
     rows, run_dirs = {}, {}
     for recipe in recipes:
         run_name = f"{name}-{recipe}".replace("+", "p")
-        if progress:
-            print(f"[rlvr compare] {recipe} -> {train.runs_dir}/{run_name}", flush=True)
-        usage = run_recipe(dataclasses.replace(train, recipe=recipe, run_name=run_name))
+        log.say(f"{recipe} -> {train.runs_dir}/{run_name}")
+        usage = run_recipe(
+            dataclasses.replace(recipe_train_config(train, recipe), run_name=run_name)
+        )
         run_dirs[recipe] = Path(train.runs_dir) / run_name
         rows[recipe] = summarize_run(run_dirs[recipe], usage["peak_rss_mb"])
     plot_comparison(run_dirs, out / "compare.png")
     table = format_table(rows)
     (out / "compare.md").write_text(table + "\n")
     (out / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
-    if progress:
+    if log.progress:
         print(table)
     return rows

@@ -12,20 +12,36 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from rlvr.config import ConfigError
+import tyro
+
+from rlvr.config import ConfigError, RunPlace
 from rlvr.devices import on_device, resolve_precision
 from rlvr.models.chat import format_rows
 from rlvr.models.tiny import load_model
 from rlvr.pipelines.common import few_shot_examples, model_flag, user_task
 from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.report.stats import sample_metrics
-from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.dataset_files import all_rows, is_data_file
-from rlvr.tasks.reasoning import MODES, ReasoningTaskConfig, set_mode
+from rlvr.tasks.reasoning import MODES, set_mode
+from rlvr.tasks.registry import TaskChoice
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.evaluate import held_out_samples, thinking_budget_curve
+
+
+@dataclass(frozen=True)
+class EvalPlace(RunPlace):
+    """`RunPlace` for `rlvr eval`: device, dtype and the sampling seed; it writes no run
+    directory and shows no progress bars, and its threads are torch's default, so those three
+    are hidden and unused."""
+
+    threads: Annotated[int, tyro.conf.Suppress] = 2
+    """Unused by `rlvr eval`."""
+    progress: Annotated[bool, tyro.conf.Suppress] = True
+    """Unused by `rlvr eval`."""
+    overwrite: Annotated[bool, tyro.conf.Suppress] = False
+    """Unused by `rlvr eval` (--thinking-budget replaces its --out figure)."""
 
 
 @dataclass(frozen=True)
@@ -34,11 +50,9 @@ class EvalConfig:
 
     model: str
     """A local Hugging Face model directory (for example runs/lab/model)."""
-    task: str = "arithmetic"
-    """arithmetic, reasoning, code, tool, reasoning_gym:NAME (their held-out rows) or a dataset
-    file (as `rlvr train --task`; every row of it is evaluated)."""
-    columns: str | None = None
-    """A dataset file's columns as rlvr's fields (as `rlvr train --columns`)."""
+    task: Annotated[TaskChoice, tyro.conf.arg(name="")] = field(default_factory=TaskChoice)
+    """The task (flags without a prefix, as `rlvr train`'s): a named task or reasoning_gym:NAME
+    (its held-out rows), or a dataset file (every row of it is evaluated)."""
     max_new_tokens: int | None = None
     """Completion budget in tokens (None: the task's own)."""
     temperature: float = 0.0
@@ -47,13 +61,8 @@ class EvalConfig:
     """Completions per problem (n; needs --temperature > 0 when above 1): prints mean@n and
     pass@k (the unbiased estimator) for k = 1, 2, 4, ... up to n, each with a 95% interval
     (Wilson for one greedy sample, else bootstrap over problems)."""
-    seed: int = 0
-    """Sampling seed."""
-    device: str = "auto"
-    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
-    bfloat16."""
+    place: Annotated[EvalPlace, tyro.conf.arg(name="")] = field(default_factory=EvalPlace)
+    """Device, precision and the sampling seed (flags without a prefix)."""
     chat_template: bool = True
     """Put each prompt through the model's chat template when its tokenizer has one (as
     `rlvr train` does)."""
@@ -62,8 +71,6 @@ class EvalConfig:
     few_shot: int = 0
     """With a chat template: this many worked examples as earlier turns (as `rlvr train
     --few-shot`; the same examples, so a trained model is evaluated as it was trained)."""
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
-    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
     mode: str = "default"
     """reasoning task: the thinking mode of the prompts (default, think or no_think)."""
     thinking_budget: str | None = None
@@ -72,13 +79,20 @@ class EvalConfig:
     out: str = "thinking_budget.png"
     """Where --thinking-budget writes its figure (a .json of the curve goes beside it)."""
 
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{key: f"place.{key}" for key in ("device", "dtype", "seed")},
+        "task": "task.name",
+        **{key: f"task.{key}" for key in ("columns", "arithmetic", "reasoning")},
+    }
+    """Keys of the flat layout and where they live now (`from_dict` moves them)."""
+
 
 def run_eval(config: EvalConfig) -> dict[str, Any] | list[dict[str, Any]]:
     """`rlvr eval`: print a model's held-out accuracy (or its thinking-budget curve); return
     the printed result (the curve's rows with --thinking-budget)."""
     budgets = check_eval_config(config)
-    precision = resolve_precision(config.device, config.dtype)
-    task = user_task(config.task, config.arithmetic, config.reasoning, columns=config.columns)
+    precision = resolve_precision(config.place.device, config.place.dtype)
+    task = user_task(config.task)
     rows = eval_rows(config, task)  # a file's rows read (and checked) before the model loads
     model_flag(config.model)
     model, tokenizer = load_model(config.model, device=precision.device)
@@ -106,7 +120,7 @@ def check_eval_config(config: EvalConfig) -> list[int | None] | None:
         raise ConfigError(f"--mode must be one of {', '.join(MODES)}, got {config.mode!r}")
     if config.thinking_budget is None:
         return None
-    if config.task != "reasoning":
+    if config.task.name != "reasoning":
         raise ConfigError("--thinking-budget needs --task reasoning (a <think> task)")
     try:
         return [
@@ -124,9 +138,9 @@ def eval_rows(config: EvalConfig, task: TaskSpec) -> list[dict]:
     """The rows `rlvr eval` grades: the task's held-out rows, or every row of a dataset file
     (a file given to an evaluation is a test set), in --mode for the reasoning task."""
     rows = task.held_out_rows()
-    if is_data_file(config.task):
-        rows = all_rows(config.task, config.columns)
-    if config.task == "reasoning":
+    if is_data_file(config.task.name):
+        rows = all_rows(config.task.name, config.task.columns)
+    if config.task.name == "reasoning":
         rows = [{**r, "prompt": set_mode(r["prompt"], config.mode)} for r in rows]
     return rows
 
@@ -146,14 +160,14 @@ def held_out_report(
         config.max_new_tokens or task.max_new_tokens,
         temperature=config.temperature,
         num_samples=config.num_samples,
-        seed=config.seed,
+        seed=config.place.seed,
     )
     n = config.num_samples
     metrics = sample_metrics(samples.scores, ks=pass_ks(n))
     mode = "greedy" if config.temperature == 0 else f"sampled at T={config.temperature}"
     result = {
         "model": config.model,
-        "task": config.task,
+        "task": config.task.name,
         "mode": mode,
         "problems": len(rows),
         "samples_per_problem": n,
@@ -169,7 +183,8 @@ def held_out_report(
         for name in dict.fromkeys(shown)
     ]
     print(
-        f"[rlvr] {config.task}, {len(rows)} problems, {mode}, 95% intervals: " + ", ".join(parts),
+        f"[rlvr] {config.task.name}, {len(rows)} problems, {mode}, 95% intervals: "
+        + ", ".join(parts),
         file=sys.stderr,
     )
     return result
@@ -199,7 +214,7 @@ def thinking_budget_report(
         budgets=budgets,
         temperature=config.temperature,
         num_samples=config.num_samples,
-        seed=config.seed,
+        seed=config.place.seed,
     )
     print(format_table(curve))
     figure = plot_thinking_budget(curve, config.out, title=f"thinking budget: {config.model}")

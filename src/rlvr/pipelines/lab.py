@@ -17,13 +17,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import tyro
 
 from rlvr.config import (
     ConfigError,
+    RunPlace,
     UserError,
     apply_overrides,
     from_dict,
@@ -34,7 +35,7 @@ from rlvr.config import (
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, has_chat_template
 from rlvr.models.lora import LoRAConfig
-from rlvr.models.tiny import TinyModelConfig, count_parameters, load_model
+from rlvr.models.tiny import TinyModelConfig, count_parameters
 from rlvr.pipelines.base_model import (
     BaseConfig,
     base_model_dir,
@@ -49,22 +50,16 @@ from rlvr.pipelines.common import (
     model_flag,
     save_policy,
     user_task,
-    with_lora,
 )
-from rlvr.pipelines.engines import (
-    RolloutPlacement,
-    build_engine,
-    check_placement,
-    close_engine,
-)
+from rlvr.pipelines.engines import RolloutPlacement, check_placement
+from rlvr.pipelines.train_policy import load_policy, train_policy
 from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_reward_curve
 from rlvr.report.run_dir import RunDirectory
+from rlvr.report.run_log import RunLog
 from rlvr.report.stats import format_interval, wilson_interval
 from rlvr.report.step_time import format_step_time, step_time_split
-from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from rlvr.tasks.reasoning import ReasoningTaskConfig
-from rlvr.tasks.registry import training_reward
+from rlvr.tasks.registry import TaskChoice, training_reward
 from rlvr.tasks.rewards import RewardFn
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.checkpoint import latest_checkpoint_step
@@ -77,9 +72,8 @@ from rlvr.train.distributed import (
     main_first,
 )
 from rlvr.train.evaluate import HeldOutSamples, held_out_accuracy, held_out_samples
-from rlvr.train.grpo import train_grpo
 from rlvr.train.monitor import never_parsed_warning, unparsed_share
-from rlvr.train.recipes import apply_recipe, recipe_config
+from rlvr.train.recipes import recipe_config
 from rlvr.train.reference import check_reference_sync
 
 
@@ -92,8 +86,6 @@ class LabConfig:
     """Name of the run directory under --runs-dir."""
     runs_dir: str = "runs"
     """Where run directories are created."""
-    overwrite: bool = False
-    """Replace an existing run directory of the same name."""
     resume: str | None = None
     """A run directory to continue from its newest complete checkpoint, with the run's saved
     config.yaml (`rlvr train --resume runs/NAME`); other settings are refused unless they equal
@@ -110,50 +102,35 @@ class LabConfig:
     """With a chat template: this many worked examples of the task (correct solutions drawn
     from its training distribution, never from the held-out set) as earlier user/assistant
     turns in front of every prompt, in training and evaluation alike."""
-    seed: int = 0
-    """Seed of the RL run (sampling, data order)."""
-    device: str = "auto"
-    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
-    bfloat16. Weights and optimizer state stay float32."""
-    threads: int = 2
-    """CPU threads for the update (torch.set_num_threads; the CPU only)."""
     cache_dir: str | None = None
     """Where base models are cached (default: $RLVR_CACHE or ~/.cache/rlvr)."""
     eval_samples: int = 8
     """Sampled completions per held-out problem for the start and end pass@1."""
     eval_seed: int = 1
     """Seed of the sampled held-out evaluation (the same at the start and the end)."""
-    progress: bool = True
-    """Show progress bars."""
     verifier: str = "strict"
     """Training reward: strict (the math verifier) or weak (substring match, gameable: a
     demonstration of reward hacking). Held-out accuracy and the monitor always use strict."""
     recipe: Annotated[str | None, tyro.conf.Suppress] = None
-    """The named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) `grpo` is built on;
-    on the command line the subcommand `rlvr train RECIPE`. How it combines with `grpo`: see
-    `resolve`."""
+    """The named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) `grpo` starts from;
+    on the command line the subcommand `rlvr train RECIPE`, whose flags override the recipe's
+    switches. A `LabConfig(recipe=NAME)` whose `grpo` is left out (every field
+    `GRPOConfig`'s default) gets the recipe's config (`recipe_lab_config`); a `grpo` given
+    is taken as it is."""
     set: tuple[str, ...] = ()
     """Overrides of GRPO switches as key=value, applied last (e.g. --set epsilon_high=0.28
     beta=0.01): the same as --grpo.epsilon-high 0.28 --grpo.beta 0.01."""
-    task: str = "arithmetic"
-    """The task: arithmetic (math verifier), reasoning (addition with a <think> block and
-    mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls),
-    reasoning_gym:NAME[?key=value&...][+NAME...] (a reasoning-gym generator, graded by rlvr's
-    verifiers; `pip install 'rlvr[gym]'`), or a dataset file of your own rows: .jsonl, .json,
-    .parquet or a `datasets` directory in rlvr's (prompt, answer[, solution]), TRL's (prompt,
-    solution) or verl's (data_source, prompt messages, reward_model.ground_truth) layout
-    (`pip install 'rlvr[data]'` for parquet and directories)."""
-    columns: str | None = None
-    """A dataset file's columns as rlvr's fields, instead of detecting the layout: e.g.
-    prompt=question,answer=reward_model.ground_truth (dotted paths reach nested fields)."""
     report_to: str = "none"
     """Trackers that get the same metrics as metrics.jsonl, the samples and the config:
     none, or a comma-separated list of tensorboard (event files in the run directory), wandb
     (WANDB_MODE=offline works), trackio (local); `pip install 'rlvr[tensorboard]'` etc."""
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
-    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
+    place: Annotated[RunPlace, tyro.conf.arg(name="")] = field(default_factory=RunPlace)
+    """Device, precision, threads, seed (of the RL run: sampling, data order), progress output
+    and --overwrite (flags without a prefix)."""
+    task: Annotated[TaskChoice, tyro.conf.arg(name="")] = field(default_factory=TaskChoice)
+    """The task and its generators' options (flags without a prefix: --task, --columns,
+    --arithmetic.*, --reasoning.*); in Python a task name alone (`task="rows.jsonl"`) is
+    `TaskChoice("rows.jsonl")`."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
@@ -171,10 +148,26 @@ class LabConfig:
     started with `ray start --head`); `--placement separate|colocated`, `--weight-transport
     object-store|nccl` (GPUs only)."""
 
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{key: f"place.{key}" for key in ("device", "dtype", "threads", "seed")},
+        **{key: f"place.{key}" for key in ("progress", "overwrite")},
+        "task": "task.name",
+        **{key: f"task.{key}" for key in ("columns", "arithmetic", "reasoning")},
+    }
+    """Keys of the flat layout (config.yaml of runs before `place` and `task` were nested) and
+    where they live now; `from_dict` moves them, so those runs resume."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.task, str):  # `LabConfig(task="rows.jsonl")`: the task's name alone
+            object.__setattr__(self, "task", TaskChoice(self.task))
+        # the recipe is the default of `grpo`: applied here, once, and only to a grpo left out
+        if self.recipe is not None and self.grpo == GRPOConfig():
+            object.__setattr__(self, "grpo", recipe_config(self.recipe))
+
 
 def recipe_lab_config(recipe: str) -> LabConfig:
-    """The lab's defaults with `grpo` built on `recipe`: what `rlvr train RECIPE` starts from
-    before its flags apply."""
+    """The lab's defaults with `grpo` the config of `recipe` (`recipe_config`): what `rlvr
+    train RECIPE` starts from before its flags apply (tyro's default instance)."""
     return LabConfig(recipe=recipe, grpo=recipe_config(recipe))
 
 
@@ -183,15 +176,14 @@ def resolve(config: LabConfig) -> LabConfig:
     to config.yaml. Run once, right after parsing (`run_lab` calls it; so does the CLI,
     through `run_lab`).
 
-    In this order:
+    The recipe is not applied here: it is `grpo`'s default (tyro's default instance on the
+    command line, `LabConfig.__post_init__` in Python), so `grpo` already holds it. In this
+    order:
     1. `resume`: the run's saved config.yaml (resolved when it was written) replaces `config`
        (`resume_config`); nothing below applies again.
-    2. `recipe`: a recipe is a base config. Its switches fill the `grpo` fields that still have
-       `GRPOConfig`'s default; a field set to another value is an explicit choice and wins
-       (`apply_recipe`). `LabConfig(recipe="dapo")` is `rlvr train dapo`.
-    3. `set`: the `key=value` overrides, applied last and type-checked, then cleared.
-    4. `grpo.max_new_tokens` None becomes the task's budget.
-    5. Checked before anything is written or loaded (`_check`): the GRPO switches
+    2. `set`: the `key=value` overrides, applied last and type-checked, then cleared.
+    3. `grpo.max_new_tokens` None becomes the task's budget.
+    4. Checked before anything is written or loaded (`_check`): the GRPO switches
        (`check_grpo_config`, the one validator), the budget against the task's longest
        answer, the verifier, the trackers, the lab's own numbers, the model directory (or,
        without one, the base's settings and the task's corpus to train it on).
@@ -206,8 +198,7 @@ def _resolve(config: LabConfig) -> tuple[LabConfig, TaskSpec]:
     if config.resume is not None:
         config = resume_config(config)
         return config, lab_task(config)
-    grpo = apply_recipe(config.recipe, config.grpo) if config.recipe else config.grpo
-    grpo = apply_overrides(grpo, list(config.set))
+    grpo = apply_overrides(config.grpo, list(config.set))
     task = lab_task(dataclasses.replace(config, grpo=grpo))
     if grpo.max_new_tokens is None:
         grpo = dataclasses.replace(grpo, max_new_tokens=task.max_new_tokens)
@@ -220,7 +211,7 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
     """Refuse impossible settings before anything is written or loaded, as `UserError`s."""
     check_installed(parse_report_to(config.report_to))
     for flag, value, least in (
-        ("--threads", config.threads, 1),
+        ("--threads", config.place.threads, 1),
         ("--few-shot", config.few_shot, 0),
         ("--eval-samples", config.eval_samples, 1),
     ):
@@ -265,15 +256,18 @@ RESUME_FREE = (
     "resume",
     "runs_dir",
     "run_name",
-    "progress",
-    "overwrite",
-    "device",
-    "dtype",
+    "place.progress",
+    "place.overwrite",
+    "place.device",
+    "place.dtype",
     "rollout",
     "report_to",
 )
-"""Fields that a resume takes from the call, not from the saved config.yaml (where the run
-samples may change: a resume on Ray workers continues a run begun in one process)."""
+"""Fields (dotted paths; a part's name frees all of it) that a resume takes from the call, not
+from the saved config.yaml (where the run samples may change: a resume on Ray workers
+continues a run begun in one process)."""
+UNPREFIXED = ("place", "task")
+"""The parts whose flags have no prefix: `place.threads` is `--threads`, `task.name` `--task`."""
 KEPT_UNLESS_GIVEN = ("rollout", "report_to")
 """Of those, the ones a call that leaves them at their default keeps from the saved config: a
 bare `--resume` of a Ray run resumes on Ray with as many actors, logging where it logged."""
@@ -295,14 +289,16 @@ def resume_config(config: LabConfig) -> LabConfig:
     differ = [
         key
         for key, value in given.items()
-        if key.split(".")[0] not in RESUME_FREE
+        if key not in RESUME_FREE
+        and key.split(".")[0] not in RESUME_FREE
         and value != default.get(key)
         and value != kept.get(key)
     ]
     if differ:
         raise ConfigError(
             f"--resume continues {run_dir} with its saved config.yaml; these settings differ "
-            f"from it and would be ignored, so they are refused: {', '.join(differ)}"
+            f"from it and would be ignored, so they are refused: "
+            + ", ".join(_flag_name(key) for key in differ)
         )
     unset = LabConfig()
     taken = {
@@ -314,11 +310,23 @@ def resume_config(config: LabConfig) -> LabConfig:
         runs_dir=str(run_dir.parent),
         run_name=run_dir.name,
         resume=str(run_dir),
-        progress=config.progress,
-        device=config.device,
-        dtype=config.dtype,
+        place=dataclasses.replace(
+            saved.place,
+            progress=config.place.progress,
+            device=config.place.device,
+            dtype=config.place.dtype,
+        ),
         **taken,
     )
+
+
+def _flag_name(key: str) -> str:
+    """A dotted field path as its flag spells it, without `--`: `place.threads` -> `threads`,
+    `task.name` -> `task`, `task.arithmetic.digits` -> `arithmetic.digits`."""
+    part, _, rest = key.partition(".")
+    if part not in UNPREFIXED or not rest:
+        return key
+    return "task" if key == "task.name" else rest
 
 
 def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -334,14 +342,7 @@ def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def lab_task(config: LabConfig) -> TaskSpec:
     """The TaskSpec of `config.task`, from the task registry (an unknown task: `TaskError`)."""
-    return user_task(
-        config.task,
-        config.arithmetic,
-        config.reasoning,
-        hedge_prob=effective_hedge_prob(config),
-        seed=config.seed,
-        columns=config.columns,
-    )
+    return user_task(config.task, hedge_prob=effective_hedge_prob(config), seed=config.place.seed)
 
 
 def effective_hedge_prob(config: LabConfig) -> float:
@@ -352,22 +353,25 @@ def effective_hedge_prob(config: LabConfig) -> float:
 def _base_settings(config: LabConfig) -> tuple[object | None, BaseConfig]:
     """(the task's config, the base's settings with the hedge resolved): with the task name and
     the model shape, what keys the lab's base model in the cache."""
-    named = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}
-    task_config = named.get(config.task, config.columns)  # a dataset file: its column mapping
+    task_config = config.task.generator_config()  # a dataset file: its column mapping
     return task_config, dataclasses.replace(config.base, hedge_prob=effective_hedge_prob(config))
 
 
 def lab_base_dir(config: LabConfig) -> Path:
     """The cache directory of the lab's base model (present or not)."""
     task_config, base = _base_settings(config)
-    return base_model_dir(config.task, task_config, config.tiny, base, config.cache_dir)
+    return base_model_dir(config.task.name, task_config, config.tiny, base, config.cache_dir)
 
 
-def build_base_model(config: LabConfig, task: TaskSpec) -> tuple[Path, bool]:
-    """Return (directory of the base model, whether it came from the cache)."""
+def build_base_model(
+    config: LabConfig, task: TaskSpec, log: RunLog | None = None
+) -> tuple[Path, bool]:
+    """Return (directory of the base model, whether it came from the cache); its training's
+    progress bar shows unless `log` is quiet (default: `--progress`)."""
     task_config, base = _base_settings(config)
+    progress = config.place.progress if log is None else log.progress
     return cached_base_model(
-        config.task, task, task_config, config.tiny, base, config.cache_dir, config.progress
+        config.task.name, task, task_config, config.tiny, base, config.cache_dir, progress
     )
 
 
@@ -377,7 +381,7 @@ def run_lab(config: LabConfig) -> dict:
     config, task = _resolve(config)
     if config.resume is not None:
         print(f"[rlvr] resuming {config.resume} with its saved config.yaml")
-    precision = resolve_precision(config.device, config.dtype)  # before anything is written
+    precision = resolve_precision(config.place.device, config.place.dtype)  # before any write
     ctx = init_distributed(precision.device, config.grpo.worker_timeout_s)  # torchrun's ranks
     precision = dataclasses.replace(precision, device=ctx.device)
     try:
@@ -394,15 +398,15 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
     torchrun every rank runs it: rank 0 makes the base model and the run directory first, the
     others then find them; all train; rank 0 alone reports (the others return {})."""
     reward_fn = training_reward(config.verifier, task)
-    config = dataclasses.replace(config, progress=config.progress and ctx.is_main)
+    log = RunLog(config.place.progress).only_if(ctx.is_main)
     if precision.is_cpu:  # the ranks of one machine share its cores
-        torch.set_num_threads(max(1, config.threads // ctx.world_size))
+        torch.set_num_threads(max(1, config.place.threads // ctx.world_size))
     resume = config.resume is not None
     with main_first(ctx, "the run directory"):
         run = RunDirectory(
             config.runs_dir,
             config.run_name,
-            overwrite=config.overwrite and ctx.is_main,
+            overwrite=config.place.overwrite and ctx.is_main,
             resume=resume or not ctx.is_main,
             claim=ctx.is_main,  # one live run per directory
         )
@@ -411,7 +415,7 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
         trackers = parse_report_to(config.report_to)
         run.attach(open_loggers(trackers, run.path, config.run_name, to_dict(config), resume_step))
     with run:
-        return _train(config, task, precision, ctx, run, reward_fn)
+        return _train(config, task, precision, ctx, run, reward_fn, log)
 
 
 def _train(
@@ -421,156 +425,180 @@ def _train(
     ctx: DistContext,
     run: RunDirectory,
     reward_fn: RewardFn,
+    log: RunLog,
 ) -> dict:
-    """`_run` once the run directory is open (and its trackers attached)."""
-    resume = config.resume is not None
+    """`_run` once the run directory is open (and its trackers attached): the base model, its
+    held-out evaluation, GRPO (`train_policy`), the final evaluation, the report."""
     start = time.perf_counter()
-
-    # --- base model ------------------------------------------------------------------------
     if config.model is None:
         with main_first(ctx, "the base model"):
-            base_dir, cached = build_base_model(config, task)
-        _say(config, f"base model: {base_dir} ({'cached' if cached else 'trained'})")
+            base_dir, cached = build_base_model(config, task, log)
+        log.say(f"base model: {base_dir} ({'cached' if cached else 'trained'})")
     else:
         base_dir = Path(config.model)
-    model, tokenizer = load_model(base_dir, device=precision.device)
-    model = with_lora(model, config.lora, config.seed)
+    model, tokenizer = load_policy(base_dir, config.lora, config.place.seed, precision)
     if ctx.is_main:
-        run.write_config(to_dict(dataclasses.replace(config, resume=None, overwrite=False)))
+        written = dataclasses.replace(config.place, overwrite=False)
+        run.write_config(to_dict(dataclasses.replace(config, resume=None, place=written)))
     base_seconds = time.perf_counter() - start
-    _say(
-        config,
+    log.say(
         f"{count_parameters(model):,} parameters on {precision.describe()}, "
-        f"base ready in {base_seconds:.0f} s",
+        f"base ready in {base_seconds:.0f} s"
     )
-
-    # --- evaluation on the held-out split -------------------------------------------------
-    examples = few_shot_examples(task, config.few_shot)
-    if examples and not has_chat_template(tokenizer, config.chat_template):
-        warn(
-            f"--few-shot {config.few_shot} needs a chat template, which {base_dir} lacks "
-            "(or --no-chat-template is set): the examples are not used"
-        )
-    template = (config.chat_template, config.system_prompt, examples)
+    template = _template(config, task, tokenizer, base_dir)
     held_out = format_rows(tokenizer, task.held_out_rows(), *template)
-    budget = config.grpo.max_new_tokens
+    evaluate = _Evaluator(config, task, tokenizer, held_out)
+    base_eval = _evaluate_base(evaluate, model, config, task, log) if ctx.is_main else {}
 
-    greedy: list[HeldOutSamples] = []  # the latest greedy completions (the base's, first)
-
-    def evaluate(m: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
-        """Held-out accuracy of `m`: greedy, and sampled at the training temperature."""
-        greedy[:] = [held_out_samples(m, tokenizer, held_out, task.score, budget)]
-        return {
-            "greedy_acc": greedy[0].accuracy,
-            "sampled_acc": held_out_accuracy(
-                m,
-                tokenizer,
-                held_out,
-                task.score,
-                budget,
-                temperature=config.grpo.temperature,
-                num_samples=sampled_samples,
-                seed=config.eval_seed,
-            ),
-        }
-
-    base_eval = {}
-    if ctx.is_main:
-        base_eval = evaluate(model, config.eval_samples)
-        _say(
-            config,
-            f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
-            f"sampled {base_eval['sampled_acc']:.3f}",
-        )
-        completions = [c for (c,) in greedy[0].completions]
-        share = unparsed_share(task.reward_fn, held_out, completions)
-        if message := never_parsed_warning(share, len(held_out)):
-            warn(message)
-
-    # --- GRPO ------------------------------------------------------------------------------
-    train_rows = format_rows(
-        tokenizer, task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET), *template
-    )
-    engine = None  # the other ranks sample nothing: rank 0's batch reaches them
-    if ctx.is_main:
-        engine = build_engine(
-            config.rollout,
-            model,
-            tokenizer,
-            base_dir,
-            precision,
-            config.seed,
-            config.grpo.worker_timeout_s,
-        )
+    seed = config.place.seed
+    rows = format_rows(tokenizer, task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), *template)
     rl_start = time.perf_counter()
-    try:
-        records = train_grpo(
-            model,
-            tokenizer,
-            train_rows,
-            [reward_fn],
-            config.grpo,
-            run,
-            evaluate,
-            seed=config.seed,
-            progress=config.progress,
-            strict_reward_fn=task.reward_fn,
-            resume=resume,
-            engine=engine,
-            initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
-            dist_ctx=ctx,
-        )
-    finally:
-        close_engine(engine)
+    records = train_policy(
+        model,
+        tokenizer,
+        base_dir,
+        rows,
+        [reward_fn],
+        config.grpo,
+        run,
+        evaluate,
+        lora=config.lora,
+        rollout=config.rollout,
+        precision=precision,
+        seed=seed,
+        log=log,
+        strict_reward_fn=task.reward_fn,
+        resume=config.resume is not None,
+        initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
+        dist_ctx=ctx,
+    )
     rl_seconds = time.perf_counter() - rl_start
     if not ctx.is_main:
         return {}
-
-    # --- report ----------------------------------------------------------------------------
-    final_eval = evaluate(model, config.eval_samples)
+    final_eval = evaluate(model, config.eval_samples)  # before the save merges LoRA in place
     save_policy(model, tokenizer, run.model_path, config.lora)
-    title = _plot_title(task.describe, base_eval, final_eval)
-    plot_reward_curve(records, run.path / "reward_curve.png", title=title)
+    plot_reward_curve(
+        records,
+        run.path / "reward_curve.png",
+        title=_plot_title(task.describe, base_eval, final_eval),
+    )
+    seconds = {"base_seconds": base_seconds, "rl_seconds": rl_seconds}
+    seconds["wall_seconds"] = time.perf_counter() - start
+    summary = _summary(config, base_dir, len(held_out), records, base_eval, final_eval, seconds)
+    run.write_summary(summary)
+    _say_summary(log, summary, run.path)
+    return summary
+
+
+def _template(
+    config: LabConfig, task: TaskSpec, tokenizer: Any, model_dir: Path
+) -> tuple[bool, str | None, list[tuple[str, str]]]:
+    """(chat template on, system prompt, few-shot examples): how every prompt is formatted,
+    in training and evaluation alike; warns when the few-shot examples cannot be used."""
+    examples = few_shot_examples(task, config.few_shot)
+    if examples and not has_chat_template(tokenizer, config.chat_template):
+        warn(
+            f"--few-shot {config.few_shot} needs a chat template, which {model_dir} lacks "
+            "(or --no-chat-template is set): the examples are not used"
+        )
+    return config.chat_template, config.system_prompt, examples
+
+
+class _Evaluator:
+    """The lab's held-out evaluation: greedy, and sampled at the training temperature; keeps
+    the latest greedy completions (`greedy`) for the never-parsed check."""
+
+    def __init__(self, config: LabConfig, task: TaskSpec, tokenizer: Any, rows: list[dict]):
+        self.config, self.task, self.tokenizer, self.rows = config, task, tokenizer, rows
+        self.greedy: HeldOutSamples | None = None
+
+    def __call__(self, model: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
+        """Held-out accuracy of `model`: greedy, and the mean of `sampled_samples` samples per
+        problem at the training temperature (seeded by `--eval-seed`)."""
+        budget, score = self.config.grpo.max_new_tokens, self.task.score
+        self.greedy = held_out_samples(model, self.tokenizer, self.rows, score, budget)
+        sampled = held_out_accuracy(
+            model,
+            self.tokenizer,
+            self.rows,
+            score,
+            budget,
+            temperature=self.config.grpo.temperature,
+            num_samples=sampled_samples,
+            seed=self.config.eval_seed,
+        )
+        return {"greedy_acc": self.greedy.accuracy, "sampled_acc": sampled}
+
+
+def _evaluate_base(
+    evaluate: _Evaluator, model: torch.nn.Module, config: LabConfig, task: TaskSpec, log: RunLog
+) -> dict[str, float]:
+    """The base model's held-out accuracy (said), with a warning when the task's verifier
+    parses none of its greedy completions."""
+    base_eval = evaluate(model, config.eval_samples)
+    log.say(
+        f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
+        f"sampled {base_eval['sampled_acc']:.3f}"
+    )
+    assert evaluate.greedy is not None
+    completions = [c for (c,) in evaluate.greedy.completions]
+    share = unparsed_share(task.reward_fn, evaluate.rows, completions)
+    if message := never_parsed_warning(share, len(evaluate.rows)):
+        warn(message)
+    return base_eval
+
+
+def _summary(
+    config: LabConfig,
+    base_dir: Path,
+    problems: int,
+    records: list[dict],
+    base_eval: dict[str, float],
+    final_eval: dict[str, float],
+    seconds: dict[str, float],
+) -> dict:
+    """summary.json: held-out accuracy before and after (with Wilson intervals over the
+    `problems` held-out problems), the step rewards, the times (`seconds`: base, RL, wall) and
+    the hacking monitor's account."""
     steps = [r for r in records if "reward/mean" in r]
-    summary = {
+    return {
         "base_model": str(base_dir),
         "base_greedy_acc": base_eval["greedy_acc"],
         "base_sampled_acc": base_eval["sampled_acc"],
         "final_greedy_acc": final_eval["greedy_acc"],
         "final_sampled_acc": final_eval["sampled_acc"],
         "ci95": {  # Wilson intervals over the held-out problems (conservative when sampled)
-            f"{when}_{kind}_acc": wilson_interval(result[f"{kind}_acc"], len(held_out))
+            f"{when}_{kind}_acc": wilson_interval(result[f"{kind}_acc"], problems)
             for when, result in (("base", base_eval), ("final", final_eval))
             for kind in ("greedy", "sampled")
         },
         "sampled_acc_samples_per_problem": config.eval_samples,
-        "held_out_problems": len(held_out),
+        "held_out_problems": problems,
         "steps": len(steps),
         "first_step_reward": steps[0]["reward/mean"] if steps else None,
         "last_step_reward": steps[-1]["reward/mean"] if steps else None,
-        "base_seconds": base_seconds,
-        "rl_seconds": rl_seconds,
-        "wall_seconds": time.perf_counter() - start,
+        **seconds,
         "median_step_seconds": _median([r["time/step_s"] for r in steps]),
         "step_time": step_time_split(records),
         "verifier": config.verifier,
         "hacking_monitor": _monitor_summary(records),
     }
-    run.write_summary(summary)
+
+
+def _say_summary(log: RunLog, summary: dict, run_path: Path) -> None:
+    """The summary's lines: the monitor's warning (always, on stderr), then the held-out
+    accuracy before -> after and the step-time split (unless the log is quiet)."""
     if summary["hacking_monitor"]["warning"]:
         print(f"[rlvr] WARNING: {summary['hacking_monitor']['warning']}", file=sys.stderr)
-    n = len(held_out)
-    _say(
-        config,
+    n = summary["held_out_problems"]
+    acc = {key: format_interval(summary[key], n) for key in summary if key.endswith("_acc")}
+    log.say(
         f"held-out accuracy (95% intervals, {n} problems): greedy "
-        f"{format_interval(base_eval['greedy_acc'], n)} -> "
-        f"{format_interval(final_eval['greedy_acc'], n)}, sampled "
-        f"{format_interval(base_eval['sampled_acc'], n)} -> "
-        f"{format_interval(final_eval['sampled_acc'], n)} in {summary['wall_seconds']:.0f} s; "
-        f"see {run.path}/",
+        f"{acc['base_greedy_acc']} -> {acc['final_greedy_acc']}, sampled "
+        f"{acc['base_sampled_acc']} -> {acc['final_sampled_acc']} in "
+        f"{summary['wall_seconds']:.0f} s; see {run_path}/"
     )
-    _say(config, format_step_time(summary["step_time"]))
-    return summary
+    log.say(format_step_time(summary["step_time"]))
 
 
 def _monitor_summary(records: list[dict]) -> dict:
@@ -600,9 +628,3 @@ def _plot_title(describe: str, base: dict, final: dict) -> str:
 def _median(values: list[float]) -> float | None:
     """The upper median of `values` (None when there are none)."""
     return sorted(values)[len(values) // 2] if values else None
-
-
-def _say(config: LabConfig, message: str) -> None:
-    """Print `message` unless progress output is off."""
-    if config.progress:
-        print(f"[rlvr] {message}", flush=True)

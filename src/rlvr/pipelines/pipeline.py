@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +36,16 @@ from rlvr.pipelines.base_model import check_base
 from rlvr.pipelines.common import PipelineContext
 from rlvr.report.loggers import check_installed, parse_report_to
 from rlvr.report.plots import plot_pipeline
+from rlvr.report.run_log import RunLog
 from rlvr.report.stats import format_interval
 from rlvr.tasks import reasoning
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.evaluate import evaluate_stage_model
 
 BUILTIN_DIR = Path(__file__).parent / "builtin"
+PIPELINE_LOG = RunLog(to_stderr=True)
+"""A pipeline's log: its `[rlvr] stage ...` lines on stderr, progress bars on."""
+
 TOP_LEVEL_KEYS = ("name", "description", "task", "tiny", "seed", "eval_modes", "stages")
 
 
@@ -161,26 +164,27 @@ def stage_key(pipeline: Pipeline, index: int) -> dict[str, Any]:
 def run_pipeline(
     pipeline: Pipeline,
     out_dir: str | Path,
-    progress: bool = True,
+    log: RunLog = PIPELINE_LOG,
     reevaluate: bool = False,
     precision: Precision | None = None,
     report_to: str = "none",
 ) -> list[dict[str, Any]]:
     """Run (or resume) `pipeline` under `out_dir`; returns the report rows. With
     `reevaluate`, finished stages are not re-run but their models are evaluated afresh.
+    `log` says each stage's start and evaluation (on stderr) and switches the progress bars.
     Every stage's model runs on `precision` (default: the CPU in float32); every GRPO stage
     also reports to the trackers of `report_to` (as `rlvr train --report-to`)."""
     precision = precision or resolve_precision("cpu", "float32")
     trackers = parse_report_to(report_to)
     check_installed(trackers)  # before the first stage trains, not at the first GRPO stage
     with on_device(precision):
-        return _run_stages(pipeline, Path(out_dir), progress, reevaluate, precision, trackers)
+        return _run_stages(pipeline, Path(out_dir), log, reevaluate, precision, trackers)
 
 
 def _run_stages(
     pipeline: Pipeline,
     out: Path,
-    progress: bool,
+    log: RunLog,
     reevaluate: bool,
     precision: Precision,
     report_to: tuple[str, ...] = (),
@@ -194,7 +198,7 @@ def _run_stages(
         task,
         pipeline.tiny,
         pipeline.seed,
-        progress,
+        log,
         precision=precision,
         report_to=report_to,
     )
@@ -206,7 +210,7 @@ def _run_stages(
         key = stage_key(pipeline, index)
         record = json.loads(record_path.read_text()) if record_path.exists() else None
         if record is not None and record["key"] == key:
-            _say(progress, f"stage {stage.name}: finished earlier, skipped")
+            log.say(f"stage {stage.name}: finished earlier, skipped")
             if reevaluate and "model" in record["outputs"]:
                 record["eval"] = evaluate_stage_model(
                     record["outputs"]["model"],
@@ -220,7 +224,7 @@ def _run_stages(
             shutil.rmtree(stage_dir, ignore_errors=True)  # a changed or half-done stage
             stage_dir.mkdir(parents=True)
             stages.write_stage_config(stage_dir, stage.settings)
-            _say(progress, f"stage {index + 1}/{len(pipeline.stages)}: {stage.name} ({stage.kind})")
+            log.say(f"stage {index + 1}/{len(pipeline.stages)}: {stage.name} ({stage.kind})")
             start = time.perf_counter()
             run_stage = stages.STAGE_KINDS[stage.kind][1]
             outputs = run_stage(stage.settings, ctx, stage_dir)
@@ -256,7 +260,7 @@ def _run_stages(
             }
         )
         if record["eval"]:
-            _say(progress, f"  {stage.name}: " + _one_line(record["eval"]))
+            log.say(f"  {stage.name}: " + _one_line(record["eval"]))
     write_report(pipeline, report, out, problems=len(task.held_out_rows()))
     return report
 
@@ -340,9 +344,3 @@ def _cell(value: Any, problems: int | None = None) -> str:
 def _one_line(evaluation: dict[str, float]) -> str:
     """A stage's evaluation on one line."""
     return ", ".join(f"{k} {v:.3f}" for k, v in evaluation.items())
-
-
-def _say(progress: bool, message: str) -> None:
-    """Print `message` to stderr when `progress` is on."""
-    if progress:
-        print(f"[rlvr] {message}", file=sys.stderr, flush=True)

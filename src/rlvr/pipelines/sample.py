@@ -13,23 +13,34 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import torch
 import tyro
 
-from rlvr.config import ConfigError, RunExistsError
+from rlvr.config import ConfigError, RunExistsError, RunPlace
 from rlvr.devices import on_device, resolve_precision
 from rlvr.models.tiny import load_model
 from rlvr.pipelines.common import model_flag, user_task
-from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.dataset_files import is_rlvr_jsonl
 from rlvr.tasks.jsonl import load_rows
+from rlvr.tasks.registry import TaskChoice
 from rlvr.train.rejection import RejectionConfig, rejection_sample, write_jsonl
 from rlvr.verifiers.adapters import VERIFIERS, trl_reward
 from rlvr.verifiers.files import REFERENCE_FIELD
 
 FILE_BUDGET = 512  # completion tokens for a FILE.jsonl's prompts, which state no budget
+
+
+@dataclass(frozen=True)
+class SamplePlace(RunPlace):
+    """`RunPlace` for `rlvr sample`: its seed and progress bars are the sampling's (`--seed`,
+    `--progress` set `sampling`), so these two are hidden and unused."""
+
+    seed: Annotated[int, tyro.conf.Suppress] = 0
+    """Unused: the sampling seed is `sampling.seed` (--seed)."""
+    progress: Annotated[bool, tyro.conf.Suppress] = True
+    """Unused: the progress bar is `sampling.progress` (--progress)."""
 
 
 @dataclass(frozen=True)
@@ -40,49 +51,47 @@ class SampleConfig:
     """A local Hugging Face model directory."""
     output: str
     """The JSONL file to write: {"prompt", "completion", "reward", ...row columns} per line."""
-    task: str = "arithmetic"
-    """Prompts and verifier: arithmetic, code or tool (training rows, the task's strict
-    verifier), a FILE.jsonl of rows with "prompt" and the verifier's column ("answer"), or
-    any dataset file `rlvr train --task` reads (its layout's verifier)."""
-    columns: str | None = None
-    """A dataset file's columns as rlvr's fields (as `rlvr train --columns`)."""
+    task: Annotated[TaskChoice, tyro.conf.arg(name="")] = field(default_factory=TaskChoice)
+    """Prompts and verifier (flags without a prefix): a named task (its training rows and
+    strict verifier), a FILE.jsonl of rows with "prompt" and the verifier's column ("answer"),
+    or any dataset file `rlvr train --task` reads (its layout's verifier)."""
     num_prompts: int | None = 256
     """Prompts to sample for: the first N training rows of a task, or of FILE.jsonl (None: all
     of the file's rows)."""
     verifier: str = "math"
     """For a FILE.jsonl: math, tool, format or weak_math (a named task uses its own)."""
-    overwrite: bool = False
-    """Replace an existing output file."""
-    device: str = "auto"
-    """Where the model runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
-    bfloat16."""
-    threads: int = 2
-    """CPU threads (torch.set_num_threads; the CPU only)."""
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    place: Annotated[SamplePlace, tyro.conf.arg(name="")] = field(default_factory=SamplePlace)
+    """Device, precision, CPU threads and --overwrite (of the output file), without a prefix."""
     sampling: Annotated[RejectionConfig, tyro.conf.OmitArgPrefixes] = field(
         default_factory=RejectionConfig
     )
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{key: f"place.{key}" for key in ("device", "dtype", "threads", "overwrite")},
+        "task": "task.name",
+        **{key: f"task.{key}" for key in ("columns", "arithmetic")},
+    }
+    """Keys of the flat layout and where they live now (`from_dict` moves them)."""
 
 
 def run_sample(config: SampleConfig) -> dict[str, Any]:
     """Sample, keep the verified completions, write them to `config.output`; returns the
     rejection summary with the output path first."""
-    if Path(config.output).exists() and not config.overwrite:
+    place = config.place
+    if Path(config.output).exists() and not place.overwrite:
         raise RunExistsError(f"{config.output} exists; pass --overwrite to replace it")
     if config.num_prompts is not None and config.num_prompts < 1:
         raise ConfigError(f"--num-prompts must be >= 1 (or none: all), got {config.num_prompts}")
-    if config.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {config.threads}")
-    precision = resolve_precision(config.device, config.dtype)
+    if place.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {place.threads}")
+    precision = resolve_precision(place.device, place.dtype)
     rows, reward_fn, budget = prompts_and_verifier(config)
     model_flag(config.model)
     sampling = config.sampling
     if sampling.max_new_tokens is None:
         sampling = dataclasses.replace(sampling, max_new_tokens=budget)
     if precision.is_cpu:
-        torch.set_num_threads(config.threads)
+        torch.set_num_threads(place.threads)
     model, tokenizer = load_model(config.model, device=precision.device)
     with on_device(precision):
         kept, summary = rejection_sample(model, tokenizer, rows, reward_fn, sampling)
@@ -96,11 +105,8 @@ def prompts_and_verifier(
     """(rows to sample for, reward function, completion budget) of `config.task`: the first
     `num_prompts` rows of a FILE.jsonl with `--verifier`'s reward, or of a named task's
     training stream (seeded by the sampling seed) with the task's strict verifier."""
-    if (
-        config.task.endswith(".jsonl")
-        and config.columns is None
-        and is_rlvr_jsonl(Path(config.task))
-    ):
+    name = config.task.name
+    if name.endswith(".jsonl") and config.task.columns is None and is_rlvr_jsonl(Path(name)):
         if config.verifier not in VERIFIERS:
             raise ConfigError(
                 f"--verifier {config.verifier!r}: a FILE.jsonl is graded by one of "
@@ -108,8 +114,8 @@ def prompts_and_verifier(
             )
         reward_fn = trl_reward(config.verifier)
         column = REFERENCE_FIELD.get(config.verifier)
-        rows = load_rows(config.task, ("prompt", column) if column else ("prompt",))
+        rows = load_rows(name, ("prompt", column) if column else ("prompt",))
         return rows[: config.num_prompts], reward_fn, FILE_BUDGET
-    task = user_task(config.task, config.arithmetic, columns=config.columns)
+    task = user_task(config.task)
     rows = list(itertools.islice(task.train_rows(config.sampling.seed), config.num_prompts))
     return rows, task.reward_fn, task.max_new_tokens

@@ -44,12 +44,12 @@ from rlvr.pipelines.common import (
     TRAIN_ROWS_SEED_OFFSET,
     PipelineContext,
     save_policy,
-    with_lora,
 )
 from rlvr.pipelines.dpo import DPOStage, run_dpo_stage
-from rlvr.pipelines.engines import RolloutPlacement, build_engine, check_placement, close_engine
+from rlvr.pipelines.engines import RolloutPlacement, check_placement
 from rlvr.pipelines.error_kinds import ErrorKindsStage, run_error_kinds_stage
 from rlvr.pipelines.sft import SFTConfig, run_sft
+from rlvr.pipelines.train_policy import load_policy, train_policy
 from rlvr.report.loggers import open_loggers
 from rlvr.report.plots import format_table, plot_thinking_budget
 from rlvr.report.run_dir import RunDirectory
@@ -57,7 +57,6 @@ from rlvr.tasks import reasoning
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.config import GRPOConfig, check_grpo_config
 from rlvr.train.evaluate import held_out_accuracy, think_mode_check, thinking_budget_curve
-from rlvr.train.grpo import train_grpo
 from rlvr.train.rejection import RejectionConfig, rejection_sample
 
 # --- base --------------------------------------------------------------------------------
@@ -80,7 +79,7 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
     # pipelines train on the strict verifier; the reasoning corpus has no hedges anyway
     base = dataclasses.replace(s, hedge_prob=resolved_hedge_prob(s.hedge_prob, "strict"))
     directory, cached = cached_base_model(
-        "reasoning", ctx.task, ctx.task_config, shape, base, progress=ctx.progress
+        "reasoning", ctx.task, ctx.task_config, shape, base, progress=ctx.log.progress
     )
     return {"model": str(directory), **({"cached": "true"} if cached else {})}
 
@@ -170,7 +169,7 @@ def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[st
         data=str(data),
         model=ctx.model_of(s.model),
         chat_template=False,
-        progress=ctx.progress,
+        progress=ctx.log.progress,
         overwrite=True,
         device=str(ctx.precision.device),
         dtype=ctx.precision.dtype_name,
@@ -266,8 +265,8 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
             raise ConfigError(f"teacher: {exc}") from None
     config = grpo_stage_config(s, ctx.task, max_seconds, teacher_dir)
     model_dir = Path(ctx.model_of(s.model))
-    model, tokenizer = load_model(model_dir, device=ctx.precision.device)
-    model = with_lora(model, s.lora, ctx.seed + s.seed)
+    seed = ctx.seed + s.seed
+    model, tokenizer = load_policy(model_dir, s.lora, seed, ctx.precision)
     reward_fns, weights = [ctx.task.reward_fn], [1.0]
     if s.consistency_weight:
         reward_fns.append(reasoning.format_consistency_reward)
@@ -287,27 +286,25 @@ def run_grpo_stage(s: GRPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[
     run_name = f"{stage_dir.parent.name}-{stage_dir.name}"  # e.g. pipeline-r1-03-rl
     run.attach(open_loggers(ctx.report_to, run.path, run_name, to_dict(config), None))
     run.write_config(to_dict(config))
-    seed = ctx.seed + s.seed
-    engine = build_engine(
-        s.rollout, model, tokenizer, model_dir, ctx.precision, seed, config.worker_timeout_s
-    )
     try:
-        train_grpo(
+        train_policy(
             model,
             tokenizer,
+            model_dir,
             rows_in_modes(ctx.task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), s.modes),
             reward_fns,
             config,
             run,
             evaluate,
+            lora=s.lora,
+            rollout=s.rollout,
+            precision=ctx.precision,
             seed=seed,
+            log=ctx.log,
             reward_weights=weights,
-            progress=ctx.progress,
             strict_reward_fn=ctx.task.reward_fn,
-            engine=engine,
         )
     finally:
-        close_engine(engine)
         run.close()
     return {"model": str(save_policy(model, tokenizer, stage_dir / "model", s.lora))}
 
@@ -348,7 +345,7 @@ def run_sample_stage(s: SampleStage, ctx: PipelineContext, stage_dir: Path) -> d
         s.sampling,
         max_new_tokens=s.sampling.max_new_tokens or ctx.task.max_new_tokens,
         seed=seed,
-        progress=ctx.progress and s.sampling.progress,
+        progress=ctx.log.progress and s.sampling.progress,
     )
     write_stage_config(stage_dir, dataclasses.replace(s, sampling=config))
     model, tokenizer = load_model(ctx.model_of(s.model), device=ctx.precision.device)

@@ -1,13 +1,18 @@
-"""The task registry: a task name (or a dataset file, or reasoning_gym:NAME) to its `TaskSpec`,
-and `--verifier` to the training reward.
+"""The task registry: a `TaskChoice` (a task name, a dataset file or reasoning_gym:NAME, with
+the generators' options) to its `TaskSpec`, and `--verifier` to the training reward.
 
-Every entry point that takes `--task` (lab/train, sft, sample, eval) builds its task here from
-flat arguments, so none of them needs another's config class.
+Every entry point that takes `--task` (lab/train, sample, eval; sft and dpo through the flat
+`build_task`) nests one `TaskChoice` and builds its task here, so a new configurable task edits
+one dataclass and one entry of `NAMED_TASKS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import tyro
 
 from rlvr.tasks import arithmetic as arithmetic_task
 from rlvr.tasks import code_task, dataset_files, tool_task
@@ -23,34 +28,57 @@ dataset directory) and reasoning_gym:NAME."""
 FILE_KINDS = "a FILE.jsonl/.json/.parquet, a directory saved by datasets"
 
 
-def build_task(
-    name: str,
-    arithmetic: ArithmeticTaskConfig | None = None,
-    reasoning: ReasoningTaskConfig | None = None,
-    *,
-    hedge_prob: float = 0.0,
-    seed: int = 0,
-    columns: str | None = None,
-) -> TaskSpec:
-    """The TaskSpec of task `name`: arithmetic, reasoning, code, tool, reasoning_gym:NAME, or a
+@dataclass(frozen=True)
+class TaskChoice:
+    """The task an entry point trains, samples or evaluates on, with the generators' options.
+    Nested without a prefix (`--task`, `--columns`, `--arithmetic.digits`, ...)."""
+
+    name: Annotated[str, tyro.conf.arg(name="task")] = "arithmetic"
+    """The task: arithmetic (math verifier), reasoning (addition with a <think> block and
+    mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls),
+    reasoning_gym:NAME[?key=value&...][+NAME...] (a reasoning-gym generator, graded by rlvr's
+    verifiers; `pip install 'rlvr[gym]'`), or a dataset file of your own rows: .jsonl, .json,
+    .parquet or a `datasets` directory in rlvr's (prompt, answer[, solution]), TRL's (prompt,
+    solution) or verl's (data_source, prompt messages, reward_model.ground_truth) layout
+    (`pip install 'rlvr[data]'` for parquet and directories)."""
+    columns: str | None = None
+    """A dataset file's columns as rlvr's fields, instead of detecting the layout: e.g.
+    prompt=question,answer=reward_model.ground_truth (dotted paths reach nested fields)."""
+    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+    """The arithmetic task's problems (ignored by the other tasks)."""
+    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
+    """The reasoning task's problems (ignored by the other tasks)."""
+
+    def generator_config(self) -> object | None:
+        """The options that shape this task's rows: the arithmetic or reasoning config, a
+        dataset file's column mapping (None: detected), None for the other named tasks."""
+        named = {"arithmetic": self.arithmetic, "reasoning": self.reasoning}
+        return named.get(self.name, self.columns)  # columns: None for code and tool (refused)
+
+
+NAMED_TASKS: dict[str, Callable[[TaskChoice, float], TaskSpec]] = {
+    "arithmetic": lambda c, hedge_prob: arithmetic_task.task_spec(c.arithmetic, hedge_prob),
+    "reasoning": lambda c, hedge_prob: reasoning_task.task_spec(c.reasoning),
+    "code": lambda c, hedge_prob: code_task.task_spec(),
+    "tool": lambda c, hedge_prob: tool_task.task_spec(),
+}
+"""Each named task's builder: (the choice, the arithmetic corpus's hedge probability) -> spec."""
+
+
+def task_spec(choice: TaskChoice, *, hedge_prob: float = 0.0, seed: int = 0) -> TaskSpec:
+    """The TaskSpec of `choice.name`: a named task (`NAMED_TASKS`), reasoning_gym:NAME, or a
     dataset file (.jsonl, .json, .parquet, or a directory saved by `datasets`).
 
-    `arithmetic` / `reasoning` shape those two tasks (None: their defaults) and
-    are ignored by the others; `hedge_prob` is the arithmetic corpus's chance of a hedged answer;
-    `seed` is the held-out split of a file (and reasoning-gym's draw); `columns` (`--columns
+    `hedge_prob` is the arithmetic corpus's chance of a hedged answer; `seed` is the held-out
+    split of a file (and reasoning-gym's draw); `choice.columns` (`--columns
     prompt=COL,answer=COL`) maps a file's columns, and is refused for any other task.
     """
+    name, columns = choice.name, choice.columns
     if columns is not None and (name in TASKS or not dataset_files.is_data_file(name)):
         message = f"--columns {columns!r} maps a dataset file's columns; {name!r} is not one"
         raise ValueError(message)
-    if name == "arithmetic":
-        return arithmetic_task.task_spec(arithmetic or ArithmeticTaskConfig(), hedge_prob)
-    if name == "reasoning":
-        return reasoning_task.task_spec(reasoning or ReasoningTaskConfig())
-    if name == "code":
-        return code_task.task_spec()
-    if name == "tool":
-        return tool_task.task_spec()
+    if name in NAMED_TASKS:
+        return NAMED_TASKS[name](choice, hedge_prob)
     if name.startswith("reasoning_gym:"):
         from rlvr.tasks import reasoning_gym
 
@@ -60,6 +88,26 @@ def build_task(
     raise ValueError(
         f"unknown task {name!r}; choose {', '.join(TASKS)}, {FILE_KINDS} or reasoning_gym:NAME"
     )
+
+
+def build_task(
+    name: str,
+    arithmetic: ArithmeticTaskConfig | None = None,
+    reasoning: ReasoningTaskConfig | None = None,
+    *,
+    hedge_prob: float = 0.0,
+    seed: int = 0,
+    columns: str | None = None,
+) -> TaskSpec:
+    """`task_spec` from flat arguments (`arithmetic` / `reasoning` None: their defaults), for
+    the entry points that do not nest a `TaskChoice` yet (sft, dpo)."""
+    choice = TaskChoice(
+        name,
+        columns,
+        arithmetic or ArithmeticTaskConfig(),
+        reasoning or ReasoningTaskConfig(),
+    )
+    return task_spec(choice, hedge_prob=hedge_prob, seed=seed)
 
 
 def training_reward(name: str, task: TaskSpec) -> Callable[..., Sequence[float | None]]:
