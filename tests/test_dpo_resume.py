@@ -94,14 +94,16 @@ def _kill_after_checkpoint(run: Path, step: int, process: subprocess.Popen) -> i
 
 
 @pytest.mark.parametrize("kill_after", [EVERY, 2 * EVERY])
-def test_kill_9_and_resume_gives_the_uninterrupted_run(whole, kill_after):
+def test_kill_9_and_resume_gives_the_uninterrupted_run(whole, kill_after, capsys):
     root = whole.parent
     run = root / f"killed-{kill_after}"
     process = start_subprocess(_args(root, run.name))
     newest = _kill_after_checkpoint(run, kill_after, process)
     assert newest < STEPS and not (run / "model").exists(), "killed too late to test"
 
+    capsys.readouterr()
     main(["dpo", "--resume", str(run), "--no-progress"])
+    assert f"step-{newest:06d} (step {newest})" in capsys.readouterr().err  # not from scratch
     assert stable(read_jsonl(run / "metrics.jsonl")) == stable(read_jsonl(whole / "metrics.jsonl"))
     assert read_jsonl(run / "pools.jsonl") == read_jsonl(whole / "pools.jsonl")
     weights, expected = _weights(run), _weights(whole)

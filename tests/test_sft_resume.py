@@ -92,7 +92,7 @@ def _wait_for_checkpoint(run: Path, process: subprocess.Popen) -> None:
     raise AssertionError("no checkpoint in time")
 
 
-def test_kill_9_after_a_checkpoint_and_resume_gives_the_uninterrupted_run(whole):
+def test_kill_9_after_a_checkpoint_and_resume_gives_the_uninterrupted_run(whole, capsys):
     root = whole.parent
     run = root / "killed"
     process = start_subprocess(_args(root, "killed"))
@@ -105,7 +105,9 @@ def test_kill_9_after_a_checkpoint_and_resume_gives_the_uninterrupted_run(whole)
     assert last is not None and len(written) < STEPS + 1, "killed too late to test"
     assert not (run / "model").exists()
 
+    capsys.readouterr()
     main(["sft", "--resume", str(run), "--no-progress"])
+    assert f"resumed from {last} (step {int(last.name[5:])})" in capsys.readouterr().err
     assert read_jsonl(run / "metrics.jsonl") == read_jsonl(whole / "metrics.jsonl")
     assert _same_weights(_weights(run), _weights(whole))
 
