@@ -303,24 +303,7 @@ def _train(
     stream = ((fmt(p), c) for p, c in _stream(config, pairs, task))
 
     # --- train ---------------------------------------------------------------------------------
-    def log(step: int, metrics: dict[str, float]) -> None:
-        """Record one step's metrics, with the evaluation's where it is due."""
-        every = config.eval_every and step % config.eval_every == 0
-        due = step == 0 or step == config.steps or every
-        if evaluate is not None and due:
-            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
-        run.log_metrics({"step": step, **metrics})
-
-    def on_start(step: int) -> None:
-        """Cut the logs back to the step the run continues after; a fresh start (a resume
-        with no checkpoint yet included) logs the starting evaluation as step 0."""
-        if not main:
-            return
-        if step > 0 or resume:  # resumed: the steps after the checkpoint come again
-            run.truncate_logs(after_step=step if step > 0 else -1)
-        if step == 0 and evaluate is not None:
-            log(0, {})
-
+    log, on_start = _loggers(config, run, model, evaluate, resume)
     train_next_token(
         model,
         tokenizer,
@@ -345,11 +328,39 @@ def _train(
             resume_command=f"rlvr sft --resume {run.path}",
         ),
         dist_ctx=ctx,
-        on_start=on_start,
+        on_start=on_start if main else None,
     )
     if not main:
         return run.model_path
     return _report(config, run, model, tokenizer, pairs, start)
+
+
+def _loggers(
+    config: SFTConfig,
+    run: RunDirectory,
+    model: torch.nn.Module,
+    evaluate: Evaluator | None,
+    resume: bool,
+) -> tuple[Callable[[int, dict[str, float]], None], Callable[[int], None]]:
+    """(`on_step`, `on_start`) of the loop on rank 0: the first logs a step's metrics, with the
+    evaluation's where it is due; the second cuts the logs back to the step the run continues
+    after, and on a fresh start (a resume with no checkpoint yet included) logs the starting
+    evaluation as step 0."""
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        every = config.eval_every and step % config.eval_every == 0
+        due = step == 0 or step == config.steps or every
+        if evaluate is not None and due:
+            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
+        run.log_metrics({"step": step, **metrics})
+
+    def on_start(step: int) -> None:
+        if step > 0 or resume:  # resumed: the steps after the checkpoint come again
+            run.truncate_logs(after_step=step if step > 0 else -1)
+        if step == 0 and evaluate is not None:
+            log(0, {})
+
+    return log, on_start
 
 
 def _report(
