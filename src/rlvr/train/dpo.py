@@ -30,6 +30,7 @@ sampled by rank 0 and sent to the others.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import math
@@ -316,7 +317,7 @@ def train_dpo(
     losses: list[float] = []
     bar = tqdm(range(state.step + 1, steps + 1), desc="dpo", disable=not progress, leave=False)
     nonfinite, stop = 0, StopRequest()
-    with stop.installed():
+    with stop.installed() if checkpoints is not None else contextlib.nullcontext():
         for step in bar:
             # --- pairs: a new pool first, and every iterate_every steps ---------------------------
             if step == 1 or (iterate_every and (step - 1) % iterate_every == 0):

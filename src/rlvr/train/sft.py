@@ -236,7 +236,8 @@ def train_next_token(
     was). A NaN/Inf loss or gradient skips the update (`update/nonfinite` 1.0 in its metrics;
     the scheduler does not advance) and `max_nonfinite_steps` in a row stop the run
     (FloatingPointError). `checkpoints`: see `Checkpoints`; on resume the first
-    `data_position` pairs of `pairs` are skipped. `on_start(step)` is called once before the
+    `data_position` pairs of `pairs` are skipped; without `checkpoints` SIGINT/SIGTERM are
+    left to their defaults (nothing to save). `on_start(step)` is called once before the
     first step with the step the run continues after (0: a fresh start). With `dist_ctx` over
     several ranks, every rank runs this with the same `pairs`; `on_step` should be given on
     rank 0 only (the others' `model` is current too)."""
@@ -272,7 +273,7 @@ def train_next_token(
     losses: list[float] = []
     bar = tqdm(range(first + 1, steps + 1), desc=desc, disable=not progress, leave=False)
     nonfinite, stop = 0, StopRequest()
-    with stop.installed():
+    with stop.installed() if checkpoints is not None else contextlib.nullcontext():
         for step in bar:
             batch = list(itertools.islice(pairs, batch_size))
             if not batch:
