@@ -14,13 +14,23 @@ Prompts: the task's training stream from `seed`, consumed in order; offline DPO 
 run generates `rounds x prompts_per_round x samples_per_prompt` completions
 (`dpo_completions`). What kinds of errors the trained models make is the `error_kinds` stage
 (`rlvr.pipelines.error_kinds`).
+
+Checkpoints (`checkpoints/step-NNNNNN/`) every `checkpoint_every` steps, at the end and on
+SIGINT/SIGTERM; `rlvr dpo --resume RUN` continues from the newest with the run's config.yaml
+(other settings refused), bit for bit: the weights, AdamW, RNG, the round's pool and the place
+in it come back, metrics.jsonl and pools.jsonl are cut back to the checkpoint's step, and the
+prompt stream goes on where the next round would have taken it. Under torchrun (`torchrun
+--nproc-per-node N -m rlvr dpo ...`) rank 0 samples each pool and writes the run directory;
+every rank trains its share of each step's pairs (`rlvr.train.dpo.train_dpo`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,13 +53,16 @@ from rlvr.pipelines.common import (
     model_flag,
     user_task,
 )
-from rlvr.report.run_dir import RunDirectory
+from rlvr.pipelines.resume import resumed_config
+from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.report.stats import wilson_interval
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.spec import TaskSpec
+from rlvr.train.distributed import DistContext, barrier, destroy, init_distributed, main_first
 from rlvr.train.dpo import PairPool, sample_pair_pool, train_dpo
 from rlvr.train.evaluate import held_out_accuracy
+from rlvr.train.sft import Checkpoints
 
 LOSS_TYPES = ("sigmoid", "ipo")
 
@@ -70,6 +83,14 @@ class DPOConfig:
     model/)."""
     overwrite: bool = False
     """Replace an existing run directory."""
+    resume: str | None = None
+    """A run directory to continue from its newest complete checkpoint with the run's saved
+    config.yaml (`rlvr dpo --resume runs/NAME`); other settings are refused unless they equal
+    the saved ones (--device, --threads and --progress may change)."""
+    checkpoint_every: int = 25
+    """Checkpoint every N steps (0: only at the end and when stopped by SIGINT/SIGTERM)."""
+    keep_checkpoints: int = 3
+    """Keep the newest N checkpoints."""
     beta: float = 0.1
     """DPO's inverse temperature of the implicit reward (IPO: the regulariser tau)."""
     loss_type: str = "sigmoid"
@@ -144,6 +165,8 @@ def check_dpo_config(config: DPOConfig) -> None:
         (config.temperature > 0, "--temperature must be > 0: pairs need diverse samples"),
         (config.eval_every >= 0, "--eval-every must be >= 0"),
         (config.eval_samples >= 1, "--eval-samples must be >= 1"),
+        (config.checkpoint_every >= 0, "--checkpoint-every must be >= 0 (0: only at the end)"),
+        (config.keep_checkpoints >= 1, "--keep-checkpoints must be >= 1"),
     ]
     for ok, message in checks:
         if not ok:
@@ -164,17 +187,52 @@ def dpo_completions(config: DPOConfig) -> int:
 # --- rlvr dpo ----------------------------------------------------------------------------
 
 
+DPO_RESUME_FREE = ("resume", "run_dir", "overwrite", "progress", "device", "threads")
+"""`DPOConfig` fields a resume takes from the call, not from the saved config.yaml."""
+DIST_TIMEOUT_S = 600.0
+"""How long a collective waits for the other torchrun ranks before failing."""
+
+
+def resume_dpo_config(config: DPOConfig) -> DPOConfig:
+    """The saved config of the run `config.resume`, to continue it there (`resumed_config`)."""
+    assert config.resume is not None
+    if config.overwrite:
+        raise ConfigError("rlvr dpo: --resume continues a run; drop --overwrite (or --resume)")
+    saved = resumed_config(config, config.resume, DPO_RESUME_FREE, "rlvr dpo")
+    return replace(saved, run_dir=str(config.resume))
+
+
 def run_dpo(config: DPOConfig) -> Path:
-    """Train as `config` says; write the run directory and return its `model/` directory."""
+    """Train as `config` says; write the run directory and return its `model/` directory.
+    With `config.resume` the run there continues (`resume_dpo_config`). Under torchrun every
+    rank calls this; rank 0 makes the base model and writes the run directory."""
+    if config.resume is not None:
+        config = resume_dpo_config(config)
     check_dpo_config(config)
     precision = resolve_precision(config.device, "float32")
-    with on_device(precision):
-        task = user_task(config.task, config.arithmetic, config.reasoning, seed=config.seed)
-        model_dir = _model_dir(config, task)
-        path = Path(config.run_dir)
-        run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
-        with run:
-            return dpo_run(config, task, model_dir, run, precision)
+    ctx = init_distributed(precision.device, DIST_TIMEOUT_S)  # torchrun's ranks, if any
+    precision = replace(precision, device=ctx.device)
+    try:
+        with on_device(precision):
+            task = user_task(config.task, config.arithmetic, config.reasoning, seed=config.seed)
+            with main_first(ctx, "the base model"):
+                model_dir = _model_dir(config, task)
+            path, resume = Path(config.run_dir), config.resume is not None
+            with main_first(ctx, "the run directory"):
+                run = RunDirectory(
+                    path.parent,
+                    path.name,
+                    overwrite=config.overwrite and ctx.is_main,
+                    resume=resume or not ctx.is_main,
+                    claim=ctx.is_main,  # one live run per directory
+                )
+            with run:
+                out = dpo_run(config, task, model_dir, run, precision, ctx)
+        barrier(ctx, "the end of the run")  # the ranks leave the group together
+        return out
+    finally:
+        if ctx.sharded:
+            destroy()
 
 
 def _model_dir(config: DPOConfig, task: TaskSpec) -> Path:
@@ -198,20 +256,98 @@ def dpo_run(
     model_dir: str | Path,
     run: RunDirectory,
     precision: Precision,
+    ctx: DistContext | None = None,
 ) -> Path:
-    """DPO from `model_dir` on `task` into the open `run`; returns its `model/` directory."""
+    """DPO from `model_dir` on `task` into the open `run`; returns its `model/` directory.
+    `config.resume`: the run continues from its newest checkpoint in `run` (none: afresh).
+    Under torchrun (`ctx`) rank 0 alone evaluates, samples the pools and writes."""
     start = time.perf_counter()
     check_dpo_config(config)
     config = replace(config, max_new_tokens=config.max_new_tokens or task.max_new_tokens)
-    run.write_config(to_dict(config))
-    if precision.is_cpu:
-        torch.set_num_threads(config.threads)
+    main, resume = ctx is None or ctx.is_main, config.resume is not None
+    checkpoints = run.path / "checkpoints"
+    pools_path = run.path / "pools.jsonl"
+    if main:
+        run.write_config(to_dict(replace(config, resume=None, overwrite=False)))
+        if not resume:  # an overwritten run's checkpoints and pools are not this run's
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            pools_path.unlink(missing_ok=True)
+    if precision.is_cpu:  # the ranks of one machine share its cores
+        torch.set_num_threads(max(1, config.threads // (ctx.world_size if ctx else 1)))
     model, tokenizer = load_model(model_dir, device=precision.device)
     held_out = task.held_out_rows()
     prompts = task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET)
 
+    evaluate = _evaluator(config, task, tokenizer, held_out)
+    new_pool = _pool_sampler(config, task, tokenizer, prompts, model_dir)
+    generated = [0]
+
+    def on_pool(step: int, pool: PairPool) -> None:
+        generated[0] += pool.completions
+        _append(pools_path, {"step": step, **pool.summary()})
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        """Record one step's metrics, with the evaluation's where it is due."""
+        every = config.eval_every and step % config.eval_every == 0
+        if step == 0 or step == config.steps or every:
+            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
+        record = {"step": step, **metrics, "completions": generated[0]}
+        run.log_metrics({**record, "time/elapsed_s": time.perf_counter() - start})
+
+    def on_start(step: int) -> None:
+        """Cut the logs back to the step the run continues after (the pools drawn before it
+        stay: a pool drawn at that step comes again); a fresh start logs the evaluation of the
+        starting model as step 0."""
+        if not main:
+            return
+        if step > 0 or resume:
+            run.truncate_logs(after_step=step if step > 0 else -1)
+            kept = [p for p in read_jsonl(pools_path) if p["step"] < step]
+            pools_path.write_text("".join(json.dumps(p) + "\n" for p in kept))
+            generated[0] = sum(p["completions"] for p in kept)
+        if step == 0:
+            log(0, {})
+
+    train_dpo(
+        model,
+        tokenizer,
+        new_pool,
+        config.steps,
+        config.pairs_per_step,
+        config.beta,
+        config.lr,
+        loss_type=config.loss_type,
+        label_smoothing=config.label_smoothing,
+        iterate_every=config.iterate_every,
+        micro_batch_pairs=config.micro_batch_pairs,
+        grad_clip=config.grad_clip,
+        seed=config.seed,
+        on_step=log if main else None,
+        on_pool=on_pool if main else None,
+        progress=config.progress and main,
+        checkpoints=Checkpoints(
+            checkpoints,
+            config.checkpoint_every,
+            config.keep_checkpoints,
+            resume=resume,
+            resume_command=f"rlvr dpo --resume {run.path}",
+        ),
+        dist_ctx=ctx,
+        on_start=on_start,
+    )
+    if not main:
+        return run.model_path
+    save_model(model, tokenizer, run.model_path)
+    run.write_summary(_summary(config, run, str(model_dir), len(held_out), generated[0], start))
+    return run.model_path
+
+
+def _evaluator(
+    config: DPOConfig, task: TaskSpec, tokenizer, held_out: list[dict[str, Any]]
+) -> Callable[[torch.nn.Module], dict[str, float]]:
+    """Held-out accuracy of a model: greedy, and sampled at the pairs' temperature."""
+
     def evaluate(m: torch.nn.Module) -> dict[str, float]:
-        """Held-out accuracy of `m`: greedy, and sampled at the pairs' temperature."""
         budget = config.max_new_tokens
         return {
             "greedy_acc": held_out_accuracy(m, tokenizer, held_out, task.score, budget),
@@ -227,11 +363,27 @@ def dpo_run(
             ),
         }
 
-    pools: list[dict[str, Any]] = []
+    return evaluate
+
+
+def _pool_sampler(
+    config: DPOConfig,
+    task: TaskSpec,
+    tokenizer,
+    prompts: Iterator[dict[str, Any]],
+    model_dir: str | Path,
+) -> Callable[[torch.nn.Module, int], PairPool]:
+    """`new_pool(policy, round)` for `train_dpo`: round `round`'s `prompts_per_round` training
+    prompts (the stream skipped to them: a resumed run starts at its round), sampled by
+    `policy` and paired; round 0 without a pair is a ConfigError naming the flags."""
+    taken = [0]  # training prompts consumed so far
 
     def new_pool(policy: torch.nn.Module, round_index: int) -> PairPool:
-        """The next `prompts_per_round` training prompts, sampled by `policy` and paired."""
+        first = round_index * config.prompts_per_round
+        for _ in itertools.islice(prompts, max(0, first - taken[0])):
+            pass
         rows = list(itertools.islice(prompts, config.prompts_per_round))
+        taken[0] = first + len(rows)
         pool = sample_pair_pool(
             policy,
             tokenizer,
@@ -251,61 +403,35 @@ def dpo_run(
             )
         return pool
 
-    records: list[dict[str, Any]] = []
-    generated = [0]
+    return new_pool
 
-    def on_pool(step: int, pool: PairPool) -> None:
-        generated[0] += pool.completions
-        pools.append({"step": step, **pool.summary()})
-        _append(run.path / "pools.jsonl", pools[-1])
 
-    def log(step: int, metrics: dict[str, float]) -> None:
-        """Record one step's metrics, with the evaluation's where it is due."""
-        every = config.eval_every and step % config.eval_every == 0
-        if step == 0 or step == config.steps or every:
-            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
-        record = {"step": step, **metrics, "completions": generated[0]}
-        records.append({**record, "time/elapsed_s": time.perf_counter() - start})
-        run.log_metrics(records[-1])
-
-    log(0, {})
-    losses = train_dpo(
-        model,
-        tokenizer,
-        new_pool,
-        config.steps,
-        config.pairs_per_step,
-        config.beta,
-        config.lr,
-        loss_type=config.loss_type,
-        label_smoothing=config.label_smoothing,
-        iterate_every=config.iterate_every,
-        micro_batch_pairs=config.micro_batch_pairs,
-        grad_clip=config.grad_clip,
-        seed=config.seed,
-        on_step=log,
-        on_pool=on_pool,
-        progress=config.progress,
-    )
-    save_model(model, tokenizer, run.model_path)
-    problems = len(held_out)
-    summary = {
+def _summary(
+    config: DPOConfig,
+    run: RunDirectory,
+    init_model: str,
+    problems: int,
+    generated: int,
+    start: float,
+) -> dict[str, Any]:
+    """summary.json's fields, from metrics.jsonl and pools.jsonl (a resumed run's too)."""
+    records, pools = read_jsonl(run.metrics_path), read_jsonl(run.path / "pools.jsonl")
+    losses = [r["loss"] for r in records if "loss" in r]
+    return {
         "model_dir": str(run.model_path),
-        "init_model": str(model_dir),
+        "init_model": init_model,
         "loss_type": config.loss_type,
         "steps": config.steps,
         "first_loss": losses[0],
         "last_loss": losses[-1],
         "rounds": len(pools),
         "pairs": sum(p["pairs"] for p in pools),
-        "completions_generated": generated[0],
+        "completions_generated": generated,
         "held_out_problems": problems,
         "eval_before": _with_intervals(records[0], problems),
         "eval_after": _with_intervals(records[-1], problems),
         "wall_seconds": time.perf_counter() - start,
     }
-    run.write_summary(summary)
-    return run.model_path
 
 
 def _with_intervals(record: dict[str, Any], problems: int) -> dict[str, Any]:
@@ -323,7 +449,7 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 # --- the dpo stage -----------------------------------------------------------------------
 
 
-DPO_STAGE_OWNS = ("model", "task", "run_dir", "overwrite", "progress", "device")
+DPO_STAGE_OWNS = ("model", "task", "run_dir", "overwrite", "progress", "device", "resume")
 """`DPOConfig` fields a pipeline's DPO stage sets itself: its `dpo:` settings may not."""
 
 

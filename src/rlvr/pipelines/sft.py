@@ -14,12 +14,21 @@ summary.json and model/.
   trained.
 - LoRA (`lora_rank > 0`, needs `peft`): adapters on every linear layer, merged into the weights
   before saving, so the output is a plain Hugging Face directory.
+- Checkpoints (`checkpoints/step-NNNNNN/`, `rlvr.train.checkpoint`) every `checkpoint_every`
+  steps, at the end and on SIGINT/SIGTERM; `rlvr sft --resume RUN` continues from the newest
+  with the run's config.yaml (other settings refused), bit for bit: weights, AdamW, the LR
+  schedule, RNG and the place in the data stream are restored and metrics.jsonl is cut back to
+  the checkpoint's step.
+- torchrun (`torchrun --nproc-per-node N -m rlvr sft ...`): every rank trains its share of each
+  batch on an FSDP2-sharded policy (`rlvr.train.sft.train_next_token`); rank 0 evaluates and
+  writes the run directory.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -40,14 +49,17 @@ from rlvr.models.tiny import (
     save_model,
 )
 from rlvr.pipelines.common import model_flag, user_task
+from rlvr.pipelines.resume import resumed_config
 from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_loss_curve
-from rlvr.report.run_dir import RunDirectory
+from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.jsonl import Pair, load_pairs
 from rlvr.tasks.spec import TaskSpec
+from rlvr.train.checkpoint import latest_checkpoint_step
+from rlvr.train.distributed import DistContext, barrier, destroy, init_distributed, main_first
 from rlvr.train.evaluate import held_out_accuracy
-from rlvr.train.sft import completion_nll, shuffled_epochs, train_next_token
+from rlvr.train.sft import Checkpoints, completion_nll, shuffled_epochs, train_next_token
 
 Evaluator = Callable[[torch.nn.Module], dict[str, float]]
 
@@ -71,6 +83,14 @@ class SFTConfig:
     model/)."""
     overwrite: bool = False
     """Replace an existing run directory."""
+    resume: str | None = None
+    """A run directory to continue from its newest complete checkpoint with the run's saved
+    config.yaml (`rlvr sft --resume runs/NAME`); other settings are refused unless they equal
+    the saved ones (--device, --dtype, --threads, --progress and --report-to may change)."""
+    checkpoint_every: int = 25
+    """Checkpoint every N steps (0: only at the end and when stopped by SIGINT/SIGTERM)."""
+    keep_checkpoints: int = 3
+    """Keep the newest N checkpoints."""
     report_to: str = "none"
     """Trackers that get metrics.jsonl's scalars and the config as well (as `rlvr train
     --report-to`): none, or comma-separated tensorboard, wandb, trackio."""
@@ -139,6 +159,8 @@ def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig
         ("--eval-rows", config.eval_rows >= 0, ">= 0"),
         ("--eval-every", config.eval_every >= 0, ">= 0"),
         ("--threads", config.threads >= 1, ">= 1"),
+        ("--checkpoint-every", config.checkpoint_every >= 0, ">= 0"),
+        ("--keep-checkpoints", config.keep_checkpoints >= 1, ">= 1"),
     ):
         if not ok:
             value = getattr(config, flag[2:].replace("-", "_"))
@@ -159,6 +181,26 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float | None) -> torch.nn
     return apply_lora(model, LoRAConfig(rank=rank, alpha=alpha))
 
 
+SFT_RESUME_FREE = ("resume", "run_dir", "overwrite", "progress", "device", "dtype", "threads")
+"""`SFTConfig` fields a resume takes from the call, not from the saved config.yaml (and
+`report_to`, kept from the saved config unless the call sets it)."""
+DIST_TIMEOUT_S = 600.0
+"""How long a collective waits for the other torchrun ranks before failing."""
+
+
+def resume_sft_config(config: SFTConfig) -> SFTConfig:
+    """The saved config of the run `config.resume`, to continue it (`resumed_config`): the
+    run directory is the resumed one, `report_to` the saved one unless `config` sets it."""
+    assert config.resume is not None
+    if config.overwrite:
+        raise ConfigError("rlvr sft: --resume continues a run; drop --overwrite (or --resume)")
+    saved = resumed_config(
+        replace(config, report_to="none"), config.resume, SFT_RESUME_FREE, "rlvr sft"
+    )
+    report_to = config.report_to if config.report_to != "none" else saved.report_to
+    return replace(saved, run_dir=str(config.resume), report_to=report_to)
+
+
 def run_sft(
     config: SFTConfig,
     run_dir: str | Path | None = None,
@@ -168,11 +210,24 @@ def run_sft(
 
     `run_dir` overrides `config.run_dir`. `evaluate(model) -> {name: value}` runs before
     training, every `eval_every` steps and after; its values are logged as `eval/<name>`.
-    Without one, --eval-data gives eval/loss and --task gives eval/greedy_acc.
+    Without one, --eval-data gives eval/loss and --task gives eval/greedy_acc. With
+    `config.resume` the run there continues (`resume_sft_config`). Under torchrun every rank
+    calls this; rank 0 writes the run directory.
     """
+    if config.resume is not None:
+        config = resume_sft_config(config)
+        run_dir = None
     precision = resolve_precision(config.device, config.dtype)  # before anything loads
-    with on_device(precision):
-        return _run_sft(config, precision, run_dir, evaluate)
+    ctx = init_distributed(precision.device, DIST_TIMEOUT_S)  # torchrun's ranks, if any
+    precision = replace(precision, device=ctx.device)
+    try:
+        with on_device(precision):
+            out = _run_sft(config, precision, run_dir, evaluate, ctx)
+        barrier(ctx, "the end of the run")  # the ranks leave the group together
+        return out
+    finally:
+        if ctx.sharded:
+            destroy()
 
 
 def _run_sft(
@@ -180,6 +235,7 @@ def _run_sft(
     precision: Precision,
     run_dir: str | Path | None,
     evaluate: Evaluator | None,
+    ctx: DistContext,
 ) -> Path:
     """`run_sft` inside its device and precision."""
     start = time.perf_counter()
@@ -190,16 +246,27 @@ def _run_sft(
         task = user_task(config.task, config.arithmetic, seed=config.seed, columns=config.columns)
     config = resolve_sft_config(config, len(pairs) if pairs is not None else None)
     config = replace(config, run_dir=str(run_dir or config.run_dir))
+    config = replace(config, progress=config.progress and ctx.is_main)
     eval_pairs = load_pairs(config.eval_data) if config.eval_data else None
     if config.model != "tiny":
         model_flag(config.model, hint=" (or --model tiny: a fresh tiny model)")
     trackers = parse_report_to(config.report_to)  # refused before the run directory exists
     check_installed(trackers)
     path = Path(config.run_dir)
-    run = RunDirectory(path.parent, path.name, overwrite=config.overwrite)
-    run.attach(open_loggers(trackers, run.path, path.name, to_dict(config), resume_step=None))
+    resume = config.resume is not None
+    with main_first(ctx, "the run directory"):
+        run = RunDirectory(
+            path.parent,
+            path.name,
+            overwrite=config.overwrite and ctx.is_main,
+            resume=resume or not ctx.is_main,
+            claim=ctx.is_main,  # one live run per directory
+        )
+    if ctx.is_main:
+        resume_step = latest_checkpoint_step(run.path / "checkpoints") if resume else None
+        run.attach(open_loggers(trackers, run.path, path.name, to_dict(config), resume_step))
     with run:
-        return _train(config, precision, run, task, pairs, eval_pairs, evaluate, start)
+        return _train(config, precision, run, task, pairs, eval_pairs, evaluate, start, ctx)
 
 
 def _train(
@@ -211,37 +278,33 @@ def _train(
     eval_pairs: list[Pair] | None,
     evaluate: Evaluator | None,
     start: float,
+    ctx: DistContext,
 ) -> Path:
     """`_run_sft` once the run directory is open (and its trackers attached)."""
-    run.write_config(to_dict(config))
-    if precision.is_cpu:
-        torch.set_num_threads(config.threads)
+    resume, main = config.resume is not None, ctx.is_main
+    checkpoints = run.path / "checkpoints"
+    if main:
+        run.write_config(to_dict(replace(config, resume=None, overwrite=False)))
+        if not resume:  # an overwritten run's checkpoints are not this run's
+            shutil.rmtree(checkpoints, ignore_errors=True)
+    if precision.is_cpu:  # the ranks of one machine share its cores
+        torch.set_num_threads(max(1, config.threads // ctx.world_size))
 
     # --- model ---------------------------------------------------------------------------------
     model, tokenizer = _initial_model(config)
     model = model.to(precision.device)
     if evaluate is None:
         evaluate = _default_evaluator(config, task, tokenizer, eval_pairs)
+    if not main:
+        evaluate = None
 
     # --- data ----------------------------------------------------------------------------------
     fmt = prompt_formatter(tokenizer, config.chat_template)
     stream = ((fmt(p), c) for p, c in _stream(config, pairs, task))
 
     # --- train ---------------------------------------------------------------------------------
-    records: list[dict[str, Any]] = []
-
-    def log(step: int, metrics: dict[str, float]) -> None:
-        """Record one step's metrics, with the evaluation's where it is due."""
-        every = config.eval_every and step % config.eval_every == 0
-        due = step == 0 or step == config.steps or every
-        if evaluate is not None and due:
-            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
-        records.append({"step": step, **metrics})
-        run.log_metrics(records[-1])
-
-    if evaluate is not None:
-        log(0, {})
-    losses = train_next_token(
+    log, on_start = _loggers(config, run, model, evaluate, resume)
+    train_next_token(
         model,
         tokenizer,
         stream,
@@ -251,14 +314,67 @@ def _train(
         warmup_steps=config.warmup_steps,
         weight_decay=config.weight_decay,
         max_length=config.max_length,
-        on_step=log,
+        on_step=log if main else None,
         progress=config.progress,
         desc="sft",
         grad_clip=config.grad_clip,
         final_lr_fraction=config.final_lr_fraction,
+        seed=config.seed,
+        checkpoints=Checkpoints(
+            checkpoints,
+            config.checkpoint_every,
+            config.keep_checkpoints,
+            resume=resume,
+            resume_command=f"rlvr sft --resume {run.path}",
+        ),
+        dist_ctx=ctx,
+        on_start=on_start if main else None,
     )
+    if not main:
+        return run.model_path
+    return _report(config, run, model, tokenizer, pairs, start)
 
-    # --- save and report -----------------------------------------------------------------------
+
+def _loggers(
+    config: SFTConfig,
+    run: RunDirectory,
+    model: torch.nn.Module,
+    evaluate: Evaluator | None,
+    resume: bool,
+) -> tuple[Callable[[int, dict[str, float]], None], Callable[[int], None]]:
+    """(`on_step`, `on_start`) of the loop on rank 0: the first logs a step's metrics, with the
+    evaluation's where it is due; the second cuts the logs back to the step the run continues
+    after, and on a fresh start (a resume with no checkpoint yet included) logs the starting
+    evaluation as step 0."""
+
+    def log(step: int, metrics: dict[str, float]) -> None:
+        every = config.eval_every and step % config.eval_every == 0
+        due = step == 0 or step == config.steps or every
+        if evaluate is not None and due:
+            metrics = {**metrics, **{f"eval/{k}": v for k, v in evaluate(model).items()}}
+        run.log_metrics({"step": step, **metrics})
+
+    def on_start(step: int) -> None:
+        if step > 0 or resume:  # resumed: the steps after the checkpoint come again
+            run.truncate_logs(after_step=step if step > 0 else -1)
+        if step == 0 and evaluate is not None:
+            log(0, {})
+
+    return log, on_start
+
+
+def _report(
+    config: SFTConfig,
+    run: RunDirectory,
+    model: torch.nn.Module,
+    tokenizer,
+    pairs: list[Pair] | None,
+    start: float,
+) -> Path:
+    """Save the model (LoRA merged), the loss curve and summary.json, from metrics.jsonl (a
+    resumed run's too); return the `model/` directory."""
+    records = read_jsonl(run.metrics_path)
+    losses = [r["loss"] for r in records if "loss" in r]
     model = merged(model)  # LoRA: adapters folded in, a plain Hugging Face model
     save_model(model, tokenizer, run.model_path)
     plot_loss_curve(records, run.path / "loss_curve.png")

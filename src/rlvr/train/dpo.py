@@ -19,11 +19,21 @@ Choices, and where they differ from common practice:
 - One step's loss is the mean over the step's `pairs_per_step` pairs: each micro-batch's summed
   pair losses are divided by the number of pairs of the whole step, so micro-batching does not
   change the gradient.
+
+The loop runs on GRPO's safety net, as SFT's does (`rlvr.train.sft`): `build_state` (with the
+frozen reference; a LoRA policy's reference is its base, adapters off), `optimizer_step` (a
+NaN/Inf skips the update), `Checkpoints` (the current pool and where its round began go into
+each checkpoint's `extra`, so a resume mid-round trains on the same pairs in the same order),
+and torchrun: each rank a share of every step's pairs with the whole step's divisor, the pool
+sampled by rank 0 and sent to the others.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
+import dataclasses
+import itertools
+import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,8 +44,26 @@ from tqdm.auto import tqdm
 
 from rlvr.algo.dpo import dpo_loss, sequence_logps
 from rlvr.models.logprobs import completion_logprobs
+from rlvr.models.lora import adapters_disabled
+from rlvr.train.distributed import (
+    DistContext,
+    all_reduce_sum,
+    broadcast_object,
+    full_state_dict,
+    rollout_copy,
+)
 from rlvr.train.evaluate import held_out_samples
-from rlvr.train.sft import shuffled_epochs
+from rlvr.train.grpo import StopRequest
+from rlvr.train.sft import (
+    Checkpoints,
+    end_of_step,
+    on_ranks,
+    resume_state,
+    shuffled_epochs,
+    stop_if_diverging,
+)
+from rlvr.train.state import TrainState, build_state
+from rlvr.train.update import optimizer_step
 
 Row = dict[str, Any]
 Score = Callable[[str, Row], float]
@@ -188,7 +216,7 @@ def pair_logps(
 
 def pairs_dpo_loss(
     model: torch.nn.Module,
-    reference: torch.nn.Module,
+    reference: torch.nn.Module | None,
     tokenizer,
     pairs: Sequence[PreferencePair],
     beta: float,
@@ -197,10 +225,20 @@ def pairs_dpo_loss(
     num_pairs: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`dpo_loss` of `pairs`: policy log-probs with gradient, the reference's without; divided
-    by `num_pairs` (default: len(pairs))."""
+    by `num_pairs` (default: len(pairs)). `reference` None: `model` is a LoRA policy whose
+    reference is its base (its adapters disabled, in eval mode)."""
     chosen, rejected = pair_logps(model, tokenizer, pairs)
     with torch.no_grad():
-        ref_chosen, ref_rejected = pair_logps(reference, tokenizer, pairs)
+        if reference is not None:
+            ref_chosen, ref_rejected = pair_logps(reference, tokenizer, pairs)
+        else:
+            was_training = model.training
+            try:
+                with adapters_disabled(model):
+                    model.eval()
+                    ref_chosen, ref_rejected = pair_logps(model, tokenizer, pairs)
+            finally:
+                model.train(was_training)
     return dpo_loss(
         chosen, rejected, ref_chosen, ref_rejected, beta, loss_type, label_smoothing, num_pairs
     )
@@ -226,9 +264,14 @@ def train_dpo(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     on_pool: Callable[[int, PairPool], None] | None = None,
     progress: bool = True,
+    *,
+    checkpoints: Checkpoints | None = None,
+    dist_ctx: DistContext | None = None,
+    on_start: Callable[[int], None] | None = None,
+    max_nonfinite_steps: int = 3,
 ) -> list[float]:
-    """AdamW on the DPO loss against a frozen copy of `model` as it is now; returns every
-    step's loss.
+    """AdamW on the DPO loss against a frozen copy of `model` as it is now (a LoRA policy: its
+    base); returns the loss of every step it ran.
 
     `new_pool(policy, round)` samples a pair pool (`sample_pair_pool`) from `policy`: once before
     step 1 and, with `iterate_every > 0`, again from the current policy before every step
@@ -237,58 +280,162 @@ def train_dpo(
     every micro-batch of `micro_batch_pairs`). `on_pool(step, pool)` sees each new pool (step 0
     for the first). `on_step(step, metrics)` gets the 1-based step and `loss`, `grad_norm`, `lr`,
     the `rewards/*` of `dpo_loss` (means over the step's pairs) and `pool/pairs`.
-    """
-    reference = copy.deepcopy(model).eval()
-    for p in reference.parameters():
-        p.requires_grad_(False)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr)
-    torch.manual_seed(seed)
-    losses: list[float] = []
+
+    The state is `build_state`'s; a NaN/Inf loss or gradient skips the update
+    (`update/nonfinite`), `max_nonfinite_steps` in a row stop the run (FloatingPointError).
+    `checkpoints`: see `rlvr.train.sft.Checkpoints`; a checkpoint's `extra` holds the current
+    pool's pairs and the step it was drawn at, so a resume inside a round goes on with the same
+    pairs in the same order (and the next round samples from the same weights), and
+    `on_start(step)` is told the step the run continues after (0: fresh). With `dist_ctx` over
+    several ranks every rank runs this: `new_pool` is called on rank 0 only (its pool is sent
+    to the others), `on_step`/`on_pool` should be given on rank 0 only, and `model` holds the
+    trained weights on every rank after each step."""
+    ctx = dist_ctx if dist_ctx is not None and dist_ctx.sharded else None
+    policy = rollout_copy(model) if ctx is not None else model  # `model` stays whole
+    state = build_state(policy, seed=seed, lr=lr, reference=True, dist_ctx=ctx)
     stream: Iterator[PreferencePair] = iter(())
-    pool_size = 0
-    bar = tqdm(range(1, steps + 1), desc="dpo", disable=not progress, leave=False)
-    for step in bar:
-        # --- pairs: a new pool first, and every iterate_every steps -------------------------------
-        if step == 1 or (iterate_every and (step - 1) % iterate_every == 0):
-            pool = new_pool(model, (step - 1) // iterate_every if iterate_every else 0)
-            if on_pool is not None:
-                on_pool(step - 1, pool)
-            if not pool.pairs:
-                raise ValueError(f"the policy's samples gave no pairs before step {step}")
-            stream, pool_size = shuffled_epochs(pool.pairs, seed + step), len(pool.pairs)
-        batch = [next(stream) for _ in range(pairs_per_step)]
+    pool_pairs: list[PreferencePair] = []
+    pool_step = 0  # the pool was drawn before step pool_step + 1
 
-        # --- loss and update ----------------------------------------------------------------------
-        model.train()
-        optimizer.zero_grad(set_to_none=True)
-        total, sums = 0.0, dict.fromkeys(_REWARD_KEYS, 0.0)
-        for start in range(0, len(batch), micro_batch_pairs):
-            micro = batch[start : start + micro_batch_pairs]
-            loss, metrics = pairs_dpo_loss(
-                model, reference, tokenizer, micro, beta, loss_type, label_smoothing, len(batch)
+    def extra() -> dict[str, Any]:
+        pairs = [[p.prompt, p.chosen, p.rejected] for p in pool_pairs]
+        return {"dpo_pool": pairs, "dpo_pool_step": pool_step}
+
+    if checkpoints is not None:
+        checkpoints = dataclasses.replace(checkpoints, extra=extra)
+    saved = resume_state(state, checkpoints)
+    if saved is not None:
+        if ctx is not None:
+            model.load_state_dict(full_state_dict(policy))
+        pool_step = saved["dpo_pool_step"]
+        pool_pairs = [PreferencePair(*p) for p in saved["dpo_pool"]]
+        stream = shuffled_epochs(pool_pairs, seed + pool_step + 1)
+        for _ in itertools.islice(stream, (state.step - pool_step) * pairs_per_step):
+            pass  # the pairs already trained on
+    if on_start is not None:
+        on_start(state.step)
+    losses: list[float] = []
+    bar = tqdm(range(state.step + 1, steps + 1), desc="dpo", disable=not progress, leave=False)
+    nonfinite, stop = 0, StopRequest()
+    with stop.installed() if checkpoints is not None else contextlib.nullcontext():
+        for step in bar:
+            # --- pairs: a new pool first, and every iterate_every steps ---------------------------
+            if step == 1 or (iterate_every and (step - 1) % iterate_every == 0):
+                round_index = (step - 1) // iterate_every if iterate_every else 0
+                pool = _rank0_pool(new_pool, model, round_index, ctx)
+                if on_pool is not None:
+                    on_pool(step - 1, pool)
+                if not pool.pairs:
+                    raise ValueError(f"the policy's samples gave no pairs before step {step}")
+                pool_pairs, pool_step = pool.pairs, step - 1
+                stream = shuffled_epochs(pool_pairs, seed + step)
+            batch = [next(stream) for _ in range(pairs_per_step)]
+
+            # --- loss and update ------------------------------------------------------------------
+            record = {"lr": state.scheduler.get_last_lr()[0]}
+            record |= _dpo_update(
+                model,
+                state,
+                tokenizer,
+                batch,
+                (beta, loss_type, label_smoothing),
+                micro_batch_pairs,
+                grad_clip,
             )
-            loss.backward()
-            total += loss.item()
-            for k in _REWARD_KEYS:
-                sums[k] += metrics[k] * len(micro)
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-        optimizer.step()
-        model.eval()
+            state.step = step
+            nonfinite = nonfinite + 1 if "update/nonfinite" in record else 0
+            stop_if_diverging(step, nonfinite, max_nonfinite_steps, checkpoints)
 
-        # --- metrics ------------------------------------------------------------------------------
-        losses.append(total)
-        bar.set_postfix(loss=f"{total:.3f}")
-        if on_step is not None:
-            record = {
-                "loss": total,
-                "grad_norm": float(grad_norm),
-                "lr": lr,
-                **{k: v / len(batch) for k, v in sums.items()},
-                "pool/pairs": float(pool_size),
-            }
-            on_step(step, record)
+            # --- metrics --------------------------------------------------------------------------
+            losses.append(record["loss"])
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            if on_step is not None:
+                on_step(step, {"loss": losses[-1], **record, "pool/pairs": float(len(pool_pairs))})
+            end_of_step(state, checkpoints, stop, step == steps)
     return losses
+
+
+def _rank0_pool(
+    new_pool: Callable[[torch.nn.Module, int], PairPool],
+    model: torch.nn.Module,
+    round_index: int,
+    ctx: DistContext | None,
+) -> PairPool:
+    """`new_pool(model, round_index)`; under torchrun sampled on rank 0 alone and sent to every
+    rank (an error it raised is raised on every rank)."""
+    if ctx is None:
+        return new_pool(model, round_index)
+    result: PairPool | BaseException | None = None
+    if ctx.is_main:
+        try:
+            result = new_pool(model, round_index)
+        except Exception as exc:  # every rank must leave the broadcast
+            result = exc
+    result = broadcast_object(result, ctx)
+    if isinstance(result, BaseException):
+        raise result
+    assert result is not None
+    return result
+
+
+def _dpo_update(
+    model: torch.nn.Module,
+    state: TrainState,
+    tokenizer,
+    batch: list[PreferencePair],
+    loss_args: tuple[float, str, float],
+    micro_batch_pairs: int,
+    grad_clip: float,
+) -> dict[str, float]:
+    """One step's gradient over `batch` and `optimizer_step` (the scheduler advances when it
+    stepped); under torchrun rank r runs pairs `r, r + N, ...` and `model` gets the new weights
+    after (a collective). Every micro-batch of `micro_batch_pairs` divides by `len(batch)`.
+
+    Under torchrun every rank runs as many passes as the rank with the most micro-batches: a
+    rank short of one runs a zero-weight pass (a real one-pair loss times 0.0) so that FSDP's
+    collectives match. Returns `loss` (the step's, over every rank), `grad_norm`, the
+    `rewards/*` means over the step's pairs, and `update/nonfinite` 1.0 when skipped."""
+    ctx = state.dist_ctx if state.sharded else None
+    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    mine = batch[rank::world]
+    passes = math.ceil(math.ceil(len(batch) / world) / micro_batch_pairs)  # the largest share's
+    policy = state.policy
+    policy.train()
+    state.optimizer.zero_grad(set_to_none=True)
+    total, sums = 0.0, dict.fromkeys(_REWARD_KEYS, 0.0)
+    with on_ranks(ctx, "the DPO update"):
+        for i in range(passes):
+            micro = mine[i * micro_batch_pairs : (i + 1) * micro_batch_pairs]
+            real = bool(micro)
+            loss, metrics = pairs_dpo_loss(
+                policy,
+                state.reference,
+                tokenizer,
+                micro if real else batch[:1],
+                *loss_args,
+                len(batch),
+            )
+            (loss if real else loss * 0.0).backward()
+            if real:
+                total += loss.item()
+                for k in _REWARD_KEYS:
+                    sums[k] += metrics[k] * len(micro)
+        if ctx is not None:
+            summed = all_reduce_sum({"loss": total, **sums}, ctx)
+            total = summed.pop("loss")
+            sums = summed
+        grad_norm, stepped = optimizer_step(policy, state.optimizer, grad_clip, total)
+        if stepped:
+            state.scheduler.step()
+        policy.eval()
+        if ctx is not None:
+            model.load_state_dict(full_state_dict(policy))
+    record = {
+        "loss": total,
+        "grad_norm": float(grad_norm),
+        **{k: v / len(batch) for k, v in sums.items()},
+    }
+    return record if stepped else record | {"update/nonfinite": 1.0}
 
 
 _REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy")
