@@ -44,25 +44,20 @@ from tqdm.auto import tqdm
 
 from rlvr.algo.dpo import dpo_loss, sequence_logps
 from rlvr.models.logprobs import completion_logprobs
-from rlvr.models.lora import adapters_disabled
-from rlvr.train.distributed import (
-    DistContext,
-    all_reduce_sum,
-    broadcast_object,
-    full_state_dict,
-    rollout_copy,
-)
+from rlvr.train.distributed import DistContext
 from rlvr.train.evaluate import held_out_samples
 from rlvr.train.grpo import StopRequest
+from rlvr.train.lora_state import scoring_reference
 from rlvr.train.sft import (
     Checkpoints,
     end_of_step,
-    on_ranks,
+    give_weights,
     resume_state,
     shuffled_epochs,
     stop_if_diverging,
 )
 from rlvr.train.state import TrainState, build_state
+from rlvr.train.strategy import Strategy, make_strategy
 from rlvr.train.update import optimizer_step
 
 Row = dict[str, Any]
@@ -228,17 +223,8 @@ def pairs_dpo_loss(
     by `num_pairs` (default: len(pairs)). `reference` None: `model` is a LoRA policy whose
     reference is its base (its adapters disabled, in eval mode)."""
     chosen, rejected = pair_logps(model, tokenizer, pairs)
-    with torch.no_grad():
-        if reference is not None:
-            ref_chosen, ref_rejected = pair_logps(reference, tokenizer, pairs)
-        else:
-            was_training = model.training
-            try:
-                with adapters_disabled(model):
-                    model.eval()
-                    ref_chosen, ref_rejected = pair_logps(model, tokenizer, pairs)
-            finally:
-                model.train(was_training)
+    with torch.no_grad(), scoring_reference(reference, model, reference is None) as scorer:
+        ref_chosen, ref_rejected = pair_logps(scorer, tokenizer, pairs)
     return dpo_loss(
         chosen, rejected, ref_chosen, ref_rejected, beta, loss_type, label_smoothing, num_pairs
     )
@@ -290,9 +276,11 @@ def train_dpo(
     several ranks every rank runs this: `new_pool` is called on rank 0 only (its pool is sent
     to the others), `on_step`/`on_pool` should be given on rank 0 only, and `model` holds the
     trained weights on every rank after each step."""
-    ctx = dist_ctx if dist_ctx is not None and dist_ctx.sharded else None
-    policy = rollout_copy(model) if ctx is not None else model  # `model` stays whole
-    state = build_state(policy, seed=seed, lr=lr, reference=True, dist_ctx=ctx)
+    strategy = make_strategy(dist_ctx)
+    policy = strategy.learner_copy(model)  # FSDP2: `model` stays whole, the copy is split
+    state = build_state(
+        policy, seed=seed, lr=lr, reference=True, dist_ctx=dist_ctx, strategy=strategy
+    )
     stream: Iterator[PreferencePair] = iter(())
     pool_pairs: list[PreferencePair] = []
     pool_step = 0  # the pool was drawn before step pool_step + 1
@@ -305,8 +293,7 @@ def train_dpo(
         checkpoints = dataclasses.replace(checkpoints, extra=extra)
     saved = resume_state(state, checkpoints)
     if saved is not None:
-        if ctx is not None:
-            model.load_state_dict(full_state_dict(policy))
+        give_weights(model, state)
         pool_step = saved["dpo_pool_step"]
         pool_pairs = [PreferencePair(*p) for p in saved["dpo_pool"]]
         stream = shuffled_epochs(pool_pairs, seed + pool_step + 1)
@@ -322,7 +309,7 @@ def train_dpo(
             # --- pairs: a new pool first, and every iterate_every steps ---------------------------
             if step == 1 or (iterate_every and (step - 1) % iterate_every == 0):
                 round_index = (step - 1) // iterate_every if iterate_every else 0
-                pool = _rank0_pool(new_pool, model, round_index, ctx)
+                pool = _rank0_pool(new_pool, model, round_index, strategy)
                 if on_pool is not None:
                     on_pool(step - 1, pool)
                 if not pool.pairs:
@@ -359,19 +346,17 @@ def _rank0_pool(
     new_pool: Callable[[torch.nn.Module, int], PairPool],
     model: torch.nn.Module,
     round_index: int,
-    ctx: DistContext | None,
+    strategy: Strategy,
 ) -> PairPool:
     """`new_pool(model, round_index)`; under torchrun sampled on rank 0 alone and sent to every
     rank (an error it raised is raised on every rank)."""
-    if ctx is None:
-        return new_pool(model, round_index)
     result: PairPool | BaseException | None = None
-    if ctx.is_main:
+    if strategy.is_main:
         try:
             result = new_pool(model, round_index)
         except Exception as exc:  # every rank must leave the broadcast
             result = exc
-    result = broadcast_object(result, ctx)
+    result = strategy.broadcast(result)
     if isinstance(result, BaseException):
         raise result
     assert result is not None
@@ -395,15 +380,15 @@ def _dpo_update(
     rank short of one runs a zero-weight pass (a real one-pair loss times 0.0) so that FSDP's
     collectives match. Returns `loss` (the step's, over every rank), `grad_norm`, the
     `rewards/*` means over the step's pairs, and `update/nonfinite` 1.0 when skipped."""
-    ctx = state.dist_ctx if state.sharded else None
-    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    strategy = state.strategy
+    rank, world = strategy.rank, strategy.world_size
     mine = batch[rank::world]
     passes = math.ceil(math.ceil(len(batch) / world) / micro_batch_pairs)  # the largest share's
     policy = state.policy
     policy.train()
     state.optimizer.zero_grad(set_to_none=True)
     total, sums = 0.0, dict.fromkeys(_REWARD_KEYS, 0.0)
-    with on_ranks(ctx, "the DPO update"):
+    with strategy.ranks("the DPO update"):
         for i in range(passes):
             micro = mine[i * micro_batch_pairs : (i + 1) * micro_batch_pairs]
             real = bool(micro)
@@ -420,16 +405,13 @@ def _dpo_update(
                 total += loss.item()
                 for k in _REWARD_KEYS:
                     sums[k] += metrics[k] * len(micro)
-        if ctx is not None:
-            summed = all_reduce_sum({"loss": total, **sums}, ctx)
-            total = summed.pop("loss")
-            sums = summed
+        sums = strategy.sum_over_ranks({"loss": total, **sums})
+        total = sums.pop("loss")
         grad_norm, stepped = optimizer_step(policy, state.optimizer, grad_clip, total)
         if stepped:
             state.scheduler.step()
         policy.eval()
-        if ctx is not None:
-            model.load_state_dict(full_state_dict(policy))
+        give_weights(model, state)
     record = {
         "loss": total,
         "grad_norm": float(grad_norm),

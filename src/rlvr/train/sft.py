@@ -20,7 +20,7 @@ The loop runs on GRPO's safety net: its state is `rlvr.train.state.build_state`'
 LR schedule, RNG), each update `rlvr.train.update.optimizer_step` (a NaN/Inf loss or gradient
 skips the step), and with `Checkpoints` it saves `rlvr.train.checkpoint` checkpoints and
 resumes from the newest bit for bit. Under torchrun (`dist_ctx` over N ranks) the policy is an
-FSDP2-sharded copy of `model`; each rank runs rows `rank, rank + N, ...` of every batch with the
+FSDP2 copy of `model`; each rank runs rows `rank, rank + N, ...` of every batch with the
 whole batch's divisor (gradients summed over the ranks), and `model` gets the trained weights
 after every step.
 """
@@ -49,17 +49,10 @@ from rlvr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rlvr.train.distributed import (
-    DistContext,
-    all_ranks_agree,
-    all_reduce_sum,
-    broadcast_object,
-    full_state_dict,
-    lost_rank_as_error,
-    rollout_copy,
-)
+from rlvr.train.distributed import DistContext
 from rlvr.train.grpo import StopRequest
 from rlvr.train.state import TrainState, build_state
+from rlvr.train.strategy import make_strategy
 from rlvr.train.update import optimizer_step
 
 IGNORE_INDEX = -100
@@ -241,14 +234,14 @@ def train_next_token(
     first step with the step the run continues after (0: a fresh start). With `dist_ctx` over
     several ranks, every rank runs this with the same `pairs`; `on_step` should be given on
     rank 0 only (the others' `model` is current too)."""
-    ctx = dist_ctx if dist_ctx is not None and dist_ctx.sharded else None
-    if ctx is not None and batch_size < ctx.world_size:
+    strategy = make_strategy(dist_ctx)
+    if batch_size < strategy.world_size:
         raise ConfigError(
-            f"--batch-size {batch_size} is below the {ctx.world_size} torchrun ranks: every rank "
-            "needs a row of each batch; raise it or run fewer ranks"
+            f"--batch-size {batch_size} is below the {strategy.world_size} torchrun ranks: every "
+            "rank needs a row of each batch; raise it or run fewer ranks"
         )
     model.train()
-    policy = rollout_copy(model) if ctx is not None else model  # `model` stays whole
+    policy = strategy.learner_copy(model)  # FSDP2: `model` stays whole, the copy is split
 
     def schedule(s: int) -> float:
         return warmup_cosine(s, steps, warmup_steps, final_fraction=final_lr_fraction)
@@ -259,14 +252,14 @@ def train_next_token(
             seed=seed or 0,
             lr=lr,
             weight_decay=weight_decay,
-            dist_ctx=ctx,
+            dist_ctx=dist_ctx,
             schedule=schedule,
+            strategy=strategy,
         )
     if resume_state(state, checkpoints) is not None:
         for _ in itertools.islice(pairs, state.data_position):  # the rows already trained on
             pass
-        if ctx is not None:
-            model.load_state_dict(full_state_dict(policy))
+        give_weights(model, state)
     first = state.step
     if on_start is not None:
         on_start(first)
@@ -319,14 +312,13 @@ def resume_state(state: TrainState, checkpoints: Checkpoints | None) -> dict[str
     return its `extra`; None when nothing was loaded (not resuming, or no checkpoint yet)."""
     if checkpoints is None or not checkpoints.resume:
         return None
-    ctx = state.dist_ctx if state.sharded else None
-    latest = latest_checkpoint(checkpoints.directory) if ctx is None or ctx.is_main else None
-    if ctx is not None:
-        latest = broadcast_object(latest, ctx)
+    strategy = state.strategy
+    latest = latest_checkpoint(checkpoints.directory) if strategy.is_main else None
+    latest = strategy.broadcast(latest)  # rank 0's choice: the ranks' listings could differ
     if latest is None:
         return None
     loaded = load_checkpoint(latest, state)
-    if ctx is None or ctx.is_main:
+    if strategy.is_main:
         tqdm.write(f"[rlvr] resumed from {latest} (step {state.step})", file=sys.stderr)
     return loaded["extra"]
 
@@ -337,9 +329,7 @@ def end_of_step(
     """After step `state.step`: checkpoint when due (every `checkpoints.every` steps, the last
     step, a stop request: the ranks agree on that one), then stop (KeyboardInterrupt) when a
     signal asked for it, saying how to resume."""
-    ctx = state.dist_ctx if state.sharded else None
-    if ctx is not None:  # the ranks' signals may differ: stop together
-        stop.requested = not all_ranks_agree(not stop.requested, ctx)
+    stop.requested = not state.strategy.all_agree(not stop.requested)  # the ranks' signals differ
     if checkpoints is not None:
         every = checkpoints.every
         if last or (every > 0 and state.step % every == 0) or stop.requested:
@@ -386,20 +376,17 @@ def _update(
     weights (a collective). Returns `loss` (the whole batch's), `grad_norm`,
     `tokens/completion` (the divisor), `data/truncated`, and `update/nonfinite` 1.0 when the
     update was skipped for a NaN/Inf."""
-    ctx = state.dist_ctx if state.sharded else None
-    rank, world = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
-    with on_ranks(ctx, "the update"):
+    strategy = state.strategy
+    rank, world = strategy.rank, strategy.world_size
+    with strategy.ranks("the update"):
         loss, num_tokens, truncated = share_loss(policy, tokenizer, batch, max_length, rank, world)
         state.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        total = loss.item()
-        if ctx is not None:
-            total = all_reduce_sum({"loss": total}, ctx)["loss"]
+        total = strategy.sum_over_ranks({"loss": loss.item()})["loss"]
         grad_norm, stepped = optimizer_step(policy, state.optimizer, grad_clip, total)
         if stepped:
             state.scheduler.step()
-        if ctx is not None:
-            model.load_state_dict(full_state_dict(policy))
+        give_weights(model, state)
     metrics = {
         "loss": total,
         "grad_norm": float(grad_norm),
@@ -409,14 +396,11 @@ def _update(
     return metrics if stepped else metrics | {"update/nonfinite": 1.0}
 
 
-@contextlib.contextmanager
-def on_ranks(ctx: DistContext | None, what: str) -> Iterator[None]:
-    """`lost_rank_as_error` under torchrun; nothing in one process."""
-    if ctx is None:
-        yield
-    else:
-        with lost_rank_as_error(ctx, what):
-            yield
+def give_weights(model: torch.nn.Module, state: TrainState) -> None:
+    """Copy the trained weights into `model` when the learner trains a copy of it (FSDP2: the
+    full weights gathered, a collective); nothing when it trains `model` itself."""
+    if state.policy is not model:
+        model.load_state_dict(state.strategy.full_state_dict(state.policy))
 
 
 # --- data --------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from rlvr.rollout.sampler import RolloutBatch, select_rows
 from rlvr.train.distributed import (
     DistContext,
     all_ranks_agree,
+    all_reduce_sum,
     barrier,
     broadcast_object,
     full_state_dict,
@@ -104,6 +105,8 @@ class Strategy(Protocol):
     ) -> torch.Tensor: ...
     def full_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]: ...
     def broadcast(self, obj: Any) -> Any: ...
+    def sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]: ...
+    def all_agree(self, ok: bool) -> bool: ...
     def agreed(self, write: Callable[[], None], main_only: bool = False) -> None: ...
     def barrier(self, what: str) -> None: ...
     def rng_file(self) -> str: ...
@@ -200,6 +203,14 @@ class LocalStrategy:
     def broadcast(self, obj: Any) -> Any:
         """`obj`."""
         return obj
+
+    def sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
+        """`values` (a copy): one process holds the whole sum."""
+        return dict(values)
+
+    def all_agree(self, ok: bool) -> bool:
+        """`ok`."""
+        return ok
 
     def agreed(self, write: Callable[[], None], main_only: bool = False) -> None:
         """`write()`; its OSError passes."""
@@ -353,6 +364,16 @@ class FSDP2Strategy:
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's `obj` on every rank."""
         return broadcast_object(obj, self.ctx)
+
+    def sum_over_ranks(self, values: dict[str, float]) -> dict[str, float]:
+        """Each key's sum over the ranks (float64), the same on every rank
+        (`distributed.all_reduce_sum`; every rank passes the same keys)."""
+        return all_reduce_sum(values, self.ctx)
+
+    def all_agree(self, ok: bool) -> bool:
+        """True on every rank when `ok` is true on every rank (`distributed.all_ranks_agree`):
+        decisions the ranks' clocks and signals could take differently."""
+        return all_ranks_agree(ok, self.ctx)
 
     def agreed(self, write: Callable[[], None], main_only: bool = False) -> None:
         """Run `write` on every rank (rank 0 only with `main_only`); when it raised OSError on
