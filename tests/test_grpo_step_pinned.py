@@ -21,7 +21,7 @@ from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_m
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from rlvr.train.config import GRPOConfig
+from rlvr.train.config import GRPOConfig, Monitor
 from rlvr.train.grpo import train_grpo
 from rlvr.train.recipes import recipe_config
 
@@ -34,7 +34,7 @@ BASE = GRPOConfig(
     max_new_tokens=12,
     lr=1e-3,
     eval_every=1000,
-    monitor_every=0,
+    monitor=Monitor(every=0),
     checkpoint_every=0,
     cpu_workers=1,
 )

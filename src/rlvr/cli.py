@@ -375,6 +375,9 @@ def parse_args(config_type: type[T], args: list[str], prog: str, **options: Any)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
+            # a surrogate's flags (--grpo.surrogate.epsilon-high) work without naming its
+            # subcommand, and flags may follow a subcommand (grpo.surrogate:cispo --grpo.lr 1)
+            options.setdefault("config", (tyro.conf.CascadeSubcommandArgs,))
             config = tyro.cli(config_type, args=args, prog=prog, **options)
     except SystemExit as exc:
         if exc.code in (0, None):  # --help
@@ -431,9 +434,9 @@ def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
     """`[RECIPE] [flags]` as a LabConfig: the recipe's config (`recipe_lab_config`) or the
     lab's defaults, with the flags applied by tyro.
 
-    A recipe switch given back its `GRPOConfig` default (`rlvr train dapo --grpo.dynamic-sampling
-    False`) is moved to `set`, so `resolve`'s rule (a recipe fills the fields at their default)
-    does not fill it again.
+    A recipe switch given back its `GRPOConfig` default (`rlvr train dapo
+    --grpo.dynamic-sampling.enabled False`) is moved to `set`, so `resolve`'s rule (a recipe
+    fills the fields at their default) does not fill it again.
     """
     from rlvr.pipelines.lab import recipe_lab_config
     from rlvr.train.recipes import RECIPES
@@ -444,7 +447,7 @@ def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
             "--recipe NAME is now a subcommand: rlvr train NAME [flags], e.g. "
             "rlvr train dapo --grpo.lr 3e-5"
         )
-    recipe = args[0] if args and not args[0].startswith("-") else None
+    recipe = args[0] if args and not args[0].startswith("-") and ":" not in args[0] else None
     default = recipe_lab_config(recipe) if recipe else LabConfig()
     description = TRAIN_USAGE.format(recipes=", ".join(RECIPES))
     config = parse_args(
@@ -458,16 +461,10 @@ def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
 def _defaults_given(config: LabConfig) -> list[str]:
     """`key=value` for each switch of `config.recipe` that the flags set back to GRPOConfig's
     default (it differs from the recipe's value, so it was given)."""
-    from rlvr.train.config import GRPOConfig
-    from rlvr.train.recipes import RECIPES, recipe_config
+    from rlvr.train.recipes import defaults_given
 
     assert config.recipe is not None
-    recipe, defaults = recipe_config(config.recipe), GRPOConfig()
-    return [
-        f"{key}={getattr(config.grpo, key)}"
-        for key in RECIPES[config.recipe]
-        if getattr(config.grpo, key) == getattr(defaults, key) != getattr(recipe, key)
-    ]
+    return defaults_given(config.recipe, config.grpo)
 
 
 if __name__ == "__main__":

@@ -135,8 +135,9 @@ class LabConfig:
     on the command line the subcommand `rlvr train RECIPE`. How it combines with `grpo`: see
     `resolve`."""
     set: tuple[str, ...] = ()
-    """Overrides of GRPO switches as key=value, applied last (e.g. --set epsilon_high=0.28
-    beta=0.01): the same as --grpo.epsilon-high 0.28 --grpo.beta 0.01."""
+    """Overrides of GRPO switches as key=value, applied last (e.g. --set
+    surrogate.epsilon_high=0.28 beta=0.01): the same as --grpo.surrogate.epsilon-high 0.28
+    --grpo.beta 0.01."""
     task: str = "arithmetic"
     """The task: arithmetic (math verifier), reasoning (addition with a <think> block and
     mixed notations, the pipelines' task), code (sandboxed asserts), tool (tool calls),
@@ -231,16 +232,16 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
     else:  # the base model is trained (or found in the cache) from the task's corpus
         check_base(task, config.base)
         check_shape(task, config.tiny, config.grpo.max_new_tokens)
-    teacher = config.grpo.teacher
+    teacher = config.grpo.distill.teacher
     if config.recipe == "opd" and teacher is None:
         warn(
-            "recipe opd without --grpo.teacher DIR distils from no one: it trains on the "
+            "recipe opd without --grpo.distill.teacher DIR distils from no one: it trains on the "
             "verifier's reward alone, one completion per prompt"
         )
     if teacher is not None and not (Path(teacher) / "config.json").is_file():
         raise ConfigError(
-            f"--grpo.teacher {teacher}: not a local model directory (no config.json); pass the "
-            "model/ directory of a finished run or a prepared checkpoint"
+            f"--grpo.distill.teacher {teacher}: not a local model directory (no config.json); "
+            "pass the model/ directory of a finished run or a prepared checkpoint"
         )
     try:
         check_grpo_config(config.grpo)
