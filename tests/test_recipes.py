@@ -6,8 +6,8 @@ import pytest
 
 from rlvr.cli import main
 from rlvr.config import apply_overrides
-from rlvr.train.config import GRPOConfig, check_grpo_config
-from rlvr.train.recipes import RECIPES, describe_recipe, recipe_config
+from rlvr.train.config import CISPO, GRPOConfig, PPOClip, check_grpo_config
+from rlvr.train.recipes import RECIPES, apply_recipe, describe_recipe, recipe_config
 
 
 def test_overrides_parse_by_field_type():
@@ -105,3 +105,16 @@ def test_every_recipe_trains_a_few_steps(name, tmp_path):
         assert "value/mse" in metrics[1]
     if name == "dapo":
         assert metrics[1]["sampling/tries"] >= 1
+
+
+def test_a_surrogate_of_another_kind_replaces_the_recipes_with_a_warning(capsys):
+    # the same kind: each clip left at its default is the recipe's (gspo's floor 3e-4)
+    gspo = apply_recipe("gspo", GRPOConfig(surrogate=PPOClip(epsilon_high=1e-3)))
+    assert gspo.surrogate == PPOClip(epsilon_low=3e-4, epsilon_high=1e-3)
+    assert capsys.readouterr().err == ""
+    # another kind: the given one is kept, and said so (a flag that bound to ppo-clip)
+    gmpo = apply_recipe("gmpo", GRPOConfig(surrogate=PPOClip(epsilon_low=0.3)))
+    assert gmpo.surrogate == PPOClip(epsilon_low=0.3) and gmpo.aggregation == "seq-mean-token-mean"
+    err = capsys.readouterr().err
+    assert "recipe gmpo: its surrogate {name: gmpo," in err and "grpo.surrogate:gmpo" in err
+    assert apply_recipe("dapo", GRPOConfig(surrogate=CISPO())).surrogate == CISPO()

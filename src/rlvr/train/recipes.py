@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlvr.config import ConfigError, apply_overrides
+from rlvr.config import ConfigError, apply_overrides, warn
 from rlvr.train.config import GRPOConfig
 
 RECIPES: dict[str, dict[str, Any]] = {
@@ -153,7 +153,9 @@ def apply_recipe(name: str, config: GRPOConfig) -> GRPOConfig:
     So `apply_recipe("gspo", GRPOConfig(lr=3e-5, surrogate=PPOClip(epsilon_high=1e-3)))` is
     GSPO with that learning rate and cap (its floor GSPO's 3e-4), as `rlvr train gspo
     --grpo.lr 3e-5 --grpo.surrogate.epsilon-high 1e-3`; `apply_recipe("dapo",
-    GRPOConfig(surrogate=CISPO()))` is DAPO with CISPO's surrogate. A
+    GRPOConfig(surrogate=CISPO()))` is DAPO with CISPO's surrogate (warned about: a surrogate
+    of another kind than the recipe's replaces it, which `rlvr check-loss --recipe cispo
+    --grpo.surrogate.epsilon-high 2` would do, its flags binding to the default ppo-clip). A
     recipe switch set back to exactly the default cannot be told apart from one left alone: set
     it after the recipe (`LabConfig.set`, or `apply_overrides` on the result); the CLI does so
     for `rlvr train RECIPE --grpo.x DEFAULT` (`defaults_given`).
@@ -167,6 +169,11 @@ def apply_recipe(name: str, config: GRPOConfig) -> GRPOConfig:
             unset[key] = theirs
         elif dataclasses.is_dataclass(mine) and type(mine) is type(theirs):  # same surrogate
             unset[key] = _fill_defaults(mine, theirs)
+        elif dataclasses.is_dataclass(mine):  # flags of a command whose default is not the recipe
+            warn(
+                f"recipe {name}: its {key} {_shown(theirs)} is replaced by the {key} given, "
+                f"{_shown(mine)}; to keep the recipe's, name it (grpo.{key}:{theirs.name})"
+            )
     return apply_overrides(config, unset)
 
 
