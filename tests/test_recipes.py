@@ -7,7 +7,13 @@ import pytest
 from rlvr.cli import main
 from rlvr.config import apply_overrides
 from rlvr.train.config import CISPO, GRPOConfig, PPOClip, check_grpo_config
-from rlvr.train.recipes import RECIPES, apply_recipe, describe_recipe, recipe_config
+from rlvr.train.recipes import (
+    RECIPES,
+    apply_recipe,
+    describe_recipe,
+    recipe_config,
+    switch_text,
+)
 
 
 def test_overrides_parse_by_field_type():
@@ -118,3 +124,10 @@ def test_a_surrogate_of_another_kind_replaces_the_recipes_with_a_warning(capsys)
     err = capsys.readouterr().err
     assert "recipe gmpo: its surrogate {name: gmpo," in err and "grpo.surrogate:gmpo" in err
     assert apply_recipe("dapo", GRPOConfig(surrogate=CISPO())).surrogate == CISPO()
+
+
+def test_the_recipe_list_spells_nested_switches_dotted_and_a_surrogate_as_yaml():
+    assert switch_text("ppo").endswith("kl_in_reward=True, critic.gamma=1.0, critic.lam=0.95")
+    dapo = switch_text("dapo")
+    assert "surrogate={name: ppo-clip, epsilon_low: 0.2, epsilon_high: 0.28}" in dapo
+    assert "dynamic_sampling.enabled=True, overlong.buffer=8" in dapo

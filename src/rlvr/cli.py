@@ -189,11 +189,11 @@ def lab(config: LabConfig) -> None:
 
 def recipes(config: RecipesConfig) -> None:
     """`rlvr recipes`: list the recipes, or show one's switches."""
-    from rlvr.train.recipes import RECIPES, describe_recipe
+    from rlvr.train.recipes import RECIPES, describe_recipe, switch_text
 
     if config.action == "list":
-        for name, switches in RECIPES.items():
-            print(f"{name:12s} {', '.join(f'{k}={v}' for k, v in switches.items())}")
+        for name in RECIPES:
+            print(f"{name:12s} {switch_text(name)}")
     elif config.action == "show" and config.name:
         print(describe_recipe(config.name))
     else:

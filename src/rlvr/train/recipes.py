@@ -128,6 +128,20 @@ def switch_keys(name: str) -> list[str]:
     return keys
 
 
+def switch_text(name: str) -> str:
+    """Recipe `name`'s switches on one line as the recipe gives them: `key=value`, nested keys
+    dotted (`critic.lam=0.95`), a surrogate as flow YAML (`surrogate={name: cispo}`)."""
+    items = []
+    for key in switch_keys(name):
+        value: Any = RECIPES[name]
+        for part in key.split("."):
+            value = value[part]
+        if isinstance(value, dict):
+            value = "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+        items.append(f"{key}={value}")
+    return ", ".join(items)
+
+
 def field_value(config: Any, key: str) -> Any:
     """The value of the (dotted) field `key` of `config`: `field_value(c, "critic.lam")`."""
     for name in key.split("."):
