@@ -15,10 +15,10 @@ turns within each round, in an order rotated by one every round, so load from th
 other jobs falls on all alike. A mode's s/step is the median over all its steady steps; its
 ratio to its baseline is the median over rounds of the per-round ratio of medians.
 
-- overlap: sync (`async_steps=0`), sync with the rollout correction (`rollout_correction=tis`:
+- overlap: sync (`async_steps=0`), sync with the rollout correction (`rollout_correction.mode=tis`:
   the pi_old forward pass alone), one-step-off (`async_steps=1`, tis: sampling in a background
   thread with its own copy of the policy, the update on one thread fewer), one-step-off with
-  `rollout_correction=none` (the overlap without the pi_old pass), and sync + tis on one
+  `rollout_correction.mode=none` (the overlap without the pi_old pass), and sync + tis on one
   thread (sampling and the update each on one core: the halves one-step-off overlaps,
   measured without each other, from which the check table predicts it: max(G1, U1));
 - Ray: `RayEngine` (local Ray on 127.0.0.1, actors colocated on the learner's 2 cores, one
@@ -82,6 +82,7 @@ from rlvr.rollout.engine import HFEngine
 from rlvr.rollout.ray_cluster import start_ray
 from rlvr.rollout.ray_engine import RayEngine
 from rlvr.rollout.weight_transport import listening_socket
+from rlvr.train.config import Critic, Distill, Monitor, RolloutCorrection
 from rlvr.train.distributed import (
     DistContext,
     barrier,
@@ -125,9 +126,9 @@ class Mode:
     torchrun: int = 0  # ranks of a torchrun launch (0: in this process)
 
 
-TIS = {"rollout_correction": "tis"}
-ASYNC = {"async_steps": 1, "rollout_correction": "tis"}
-ASYNC_NONE = {"async_steps": 1, "rollout_correction": "none"}
+TIS = {"rollout_correction": RolloutCorrection(mode="tis")}
+ASYNC = {"async_steps": 1, "rollout_correction": RolloutCorrection(mode="tis")}
+ASYNC_NONE = {"async_steps": 1, "rollout_correction": RolloutCorrection(mode="none")}
 SHARDED_SWITCHES = {"cpu_workers": 1, "share_prompt_forward": False}
 
 
@@ -173,7 +174,7 @@ def grpo_config(config, task, prompts: int, switches: dict):
         config.grpo,
         prompts_per_step=prompts,
         max_new_tokens=task.max_new_tokens,
-        monitor_every=0,
+        monitor=Monitor(every=0),
         **switches,
     )
 
@@ -338,13 +339,21 @@ def forward_configs(config, task, prompts: int, teacher: Path) -> dict[str, obje
             config,
             task,
             prompts,
-            {"beta": 0.04, "rollout_correction": "tis", "teacher": str(teacher)},
+            {
+                "beta": 0.04,
+                "rollout_correction": RolloutCorrection(mode="tis"),
+                "distill": Distill(teacher=str(teacher)),
+            },
         ),
         "ppo": grpo_config(
             config,
             task,
             prompts,
-            {"advantage_estimator": "gae", "critic_lr": 1e-4, "rollout_correction": "tis"},
+            {
+                "advantage_estimator": "gae",
+                "critic": Critic(lr=1e-4),
+                "rollout_correction": RolloutCorrection(mode="tis"),
+            },
         ),
     }
 

@@ -29,7 +29,7 @@ import torch
 from rlvr.models.tiny import load_model
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import sample_completions
-from rlvr.train.config import GRPOConfig
+from rlvr.train.config import GRPOConfig, Monitor
 from rlvr.train.grpo import build_trainer, grpo_step
 
 SETTINGS = {"lab": 3, "long": 12}
@@ -119,7 +119,7 @@ def run_setting(name: str, args) -> list[list[str]]:
                 group_size=8,
                 max_new_tokens=budget,
                 lr=0.0,
-                monitor_every=0,
+                monitor=Monitor(every=0),
                 **switches,
             )
             t = build_trainer(

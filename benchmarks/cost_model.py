@@ -81,7 +81,7 @@ def measure(point: dict, steps: int) -> list[dict]:
 
     from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
     from rlvr.report.run_dir import RunDirectory
-    from rlvr.train.config import GRPOConfig
+    from rlvr.train.config import GRPOConfig, Monitor
     from rlvr.train.grpo import train_grpo
 
     layers, hidden, heads = SIZES[point["size"]]
@@ -97,7 +97,7 @@ def measure(point: dict, steps: int) -> list[dict]:
         group_size=point["group"],
         max_new_tokens=task.max_new_tokens,
         checkpoint_every=0,
-        monitor_every=0,
+        monitor=Monitor(every=0),
     )
     torch.set_num_threads(2)
     run = RunDirectory(tempfile.mkdtemp(prefix="rlvr-cost-"), "run")

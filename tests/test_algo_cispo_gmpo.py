@@ -1,13 +1,15 @@
 """CISPO and GMPO as `policy_loss(..., surrogate=...)`: hand-derived values and gradients with
 padding in the tensors, the contrast with PPO-clip, the aggregation divisors, GMPO against a
-literal transcription of its reference code, the config switch, and two training steps of each
-recipe. Every expected number is derived in a comment."""
+literal transcription of its reference code, the surrogate configs (each reaching
+`policy_loss` with its clips; YAML, `--set` and CLI spellings and their errors), and two training
+steps of each recipe. Every expected number is derived in a comment."""
 
 import dataclasses
 import math
 
 import pytest
 import torch
+import yaml
 
 from rlvr.algo import ROLLOUT_CORRECTIONS, corrected_advantages
 from rlvr.algo.losses import (
@@ -17,7 +19,16 @@ from rlvr.algo.losses import (
     surrogate_gmpo,
     surrogate_ppo_clip,
 )
-from rlvr.train.config import SURROGATE_CLIPS, GRPOConfig, build_plan, check_grpo_config
+from rlvr.config import ConfigError, apply_overrides, from_dict, to_dict
+from rlvr.train.config import (
+    CISPO,
+    GMPO,
+    SURROGATE_CONFIGS,
+    GRPOConfig,
+    PPOClip,
+    build_plan,
+    check_grpo_config,
+)
 from rlvr.train.recipes import RECIPES, describe_recipe, recipe_config
 from tests.helpers import close
 from tests.test_algo_losses import ADV, GARBAGE, LOG_HALF, LOG_RATIOS, MASK
@@ -46,15 +57,24 @@ def _inputs(log_ratios=LOG_RATIOS, mask=MASK, garbage=True):
     return logp.requires_grad_(True), old
 
 
-def test_registry_and_clip_fields():
+def test_registry_and_surrogate_configs():
     assert SURROGATES == {
         "ppo-clip": surrogate_ppo_clip,
         "cispo": surrogate_cispo,
         "gmpo": surrogate_gmpo,
     }
-    assert set(SURROGATE_CLIPS) == set(SURROGATES)
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    assert {name for pair in SURROGATE_CLIPS.values() for name in pair} <= fields
+    assert set(SURROGATE_CONFIGS) == set(SURROGATES)
+    for name, cls in SURROGATE_CONFIGS.items():
+        assert cls().name == name
+    # each holds only its own clips, with its paper's defaults
+    assert (PPOClip().epsilon_low, PPOClip().epsilon_high, PPOClip().clip_ratio_c) == (
+        0.2,
+        0.2,
+        None,
+    )
+    assert (CISPO().epsilon_low, CISPO().epsilon_high) == (1.0, 4.0)
+    assert (GMPO().epsilon_low, GMPO().epsilon_high) == (0.4, 0.4)
+    assert not hasattr(CISPO(), "clip_ratio_c") and not hasattr(GMPO(), "clip_ratio_c")
 
 
 class TestCISPO:
@@ -406,31 +426,60 @@ def test_policy_loss_refuses_what_a_surrogate_cannot_take():
 # ----------------------------------------------------------------------------- the switch
 
 
-def test_build_plan_passes_each_surrogate_its_own_clip_fields():
-    expected = {"ppo-clip": (0.2, 0.28), "cispo": (1.0, 4.0), "gmpo": (0.4, 0.4)}
+def test_build_plan_passes_each_surrogate_its_own_clips():
+    expected = {
+        PPOClip(epsilon_high=0.28, clip_ratio_c=3.0): (0.2, 0.28, 3.0),
+        CISPO(): (1.0, 4.0, None),
+        GMPO(epsilon_low=0.3): (0.3, 0.4, None),
+    }
     for surrogate, clip in expected.items():
-        config = GRPOConfig(max_new_tokens=8, surrogate=surrogate)
-        if surrogate == "ppo-clip":
-            config = dataclasses.replace(config, epsilon_high=0.28)
-        keywords = build_plan(config).loss_fn.keywords
-        assert keywords["surrogate"] == surrogate
-        assert (keywords["epsilon_low"], keywords["epsilon_high"]) == clip
+        keywords = build_plan(GRPOConfig(max_new_tokens=8, surrogate=surrogate)).loss_fn.keywords
+        assert keywords["surrogate"] == surrogate.name
+        assert (keywords["epsilon_low"], keywords["epsilon_high"], keywords["clip_ratio_c"]) == clip
+
+
+def _plan_loss(surrogate, aggregation, log_ratios=LOG_RATIOS, mask=MASK, adv=ADV):
+    """The loss and gradient of the step's own loss function (`build_plan`) for `surrogate`."""
+    config = GRPOConfig(max_new_tokens=8, surrogate=surrogate, aggregation=aggregation)
+    logp, old = _inputs(log_ratios, mask)
+    loss, _ = build_plan(config).loss_fn(logp, old, adv, mask)
+    loss.backward()
+    return loss.detach(), logp.grad
+
+
+def test_each_surrogate_config_reaches_policy_loss_with_its_clips():
+    # CISPO(epsilon_low=1.0, epsilon_high=0.2) on the CISPO batch: TestCISPO's hand values,
+    # loss 0.8856934 / 4 = 0.2214234, every token a gradient -w * A / 4
+    loss, grad = _plan_loss(CISPO(epsilon_low=1.0, epsilon_high=0.2), "token-mean")
+    close(loss, 0.2214234)
+    close(grad, [[-0.3, -0.2262094, -0.3, 0.0], [0.2762927, 0.0, 0.0, 0.0]])
+    # PPOClip with the same clips and a dual clip of 3 (inactive: row 1's loss 1.1051709 < 3):
+    # per token -min(r A, clip(r, 0, 1.2) A) = -1.2, -0.9048374, -1.2 (row 0, A = +1) and
+    # 1.1051709 (row 1, A = -1); sum -2.1996665, token-mean / 4 = -0.5499166; the clipped
+    # tokens (0,0), (0,2) get no gradient, the others -A r / 4
+    ppo = PPOClip(epsilon_low=1.0, epsilon_high=0.2, clip_ratio_c=3.0)
+    loss, grad = _plan_loss(ppo, "token-mean")
+    close(loss, -0.5499166)
+    close(grad, [[0.0, -0.2262094, 0.0, 0.0], [0.2762927, 0.0, 0.0, 0.0]])
+    # GMPO's defaults (0.4, 0.4) on TestGMPO's batch: (-1.2214028 + 1.8096748) / 2 = 0.2941360
+    loss, grad = _plan_loss(GMPO(), "seq-mean-token-mean", G_LOG_RATIOS, G_MASK, G_ADV)
+    close(loss, 0.2941360)
+    g0, g1 = -0.1526754, 0.4524187
+    close(grad, [[g0, g0, 0.0, g0], [0.0, g1, 0.0, 0.0]])
+    # GMPO(epsilon_high=0.3): row 0's log-ratios capped at 0.3: 0.3, -0.1, 0.3, 0.2, mean 0.175,
+    # rho_0 = exp(0.175) = 1.1912462, L_0 = -1.1912462; (L_0 + 1.8096748) / 2 = 0.3092143
+    loss, _ = _plan_loss(GMPO(epsilon_high=0.3), "seq-mean-token-mean", G_LOG_RATIOS, G_MASK, G_ADV)
+    close(loss, 0.3092143)
 
 
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"surrogate": "pgo"}, "surrogate must be one of ['cispo', 'gmpo', 'ppo-clip']"),
-        ({"surrogate": "gmpo", "ratio_level": "sequence"}, "ratio_level must be token"),
-        ({"surrogate": "cispo", "clip_ratio_c": 3.0}, "clip_ratio_c is PPO-clip's dual clip"),
-        (
-            {"surrogate": "cispo", "epsilon_high": 0.3},
-            "epsilon_high has no effect with surrogate=cispo: its clip is cispo_epsilon_low / "
-            "cispo_epsilon_high",
-        ),
-        ({"gmpo_epsilon_low": 0.2}, "gmpo_epsilon_low has no effect with surrogate=ppo-clip"),
-        ({"surrogate": "cispo", "cispo_epsilon_high": -1.0}, "cispo_epsilon_high must be >= 0"),
-        ({"epsilon_low": -0.1}, "epsilon_low must be >= 0"),
+        ({"surrogate": GMPO(), "ratio_level": "sequence"}, "ratio_level must be token"),
+        ({"surrogate": CISPO(epsilon_high=-1.0)}, "surrogate.epsilon_high must be >= 0"),
+        ({"surrogate": PPOClip(epsilon_low=-0.1)}, "surrogate.epsilon_low must be >= 0"),
+        ({"surrogate": PPOClip(epsilon_low=1.5)}, "surrogate.epsilon_low must be <= 1"),
+        ({"surrogate": "cispo"}, "surrogate must be one of ppo-clip, cispo, gmpo"),
     ],
 )
 def test_config_check_names_the_field(changes, message):
@@ -441,12 +490,108 @@ def test_config_check_names_the_field(changes, message):
     assert message in text and "\n" not in text
 
 
-def test_cli_refuses_a_clip_the_surrogate_ignores(capsys, tmp_path):
-    from tests.test_cli import cli_error
-    from tests.test_lab import TINY
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (
+            {"surrogate": {"name": "cispo", "clip_ratio_c": 3.0}},
+            "grpo.surrogate.clip_ratio_c belongs to ppo-clip, not cispo: set name: ppo-clip",
+        ),
+        (
+            {"surrogate": {"name": "pgo"}},
+            "grpo.surrogate.name: unknown 'pgo'; choose one of: ppo-clip, cispo, gmpo",
+        ),
+        ({"surrogate": "pgo"}, "grpo.surrogate.name: unknown 'pgo'; choose one of: ppo-clip"),
+        ({"surrogate": {"epsilon_high": 0.3}}, "grpo.surrogate: say which one with name"),
+        (
+            {"cispo_epsilon_high": 0.3},
+            "grpo: 'cispo_epsilon_high' was renamed: write surrogate.epsilon_high (surrogate: "
+            "{name: cispo",
+        ),
+        (  # the two layouts mixed: the flat name is refused, naming its place
+            {"surrogate": {"name": "ppo-clip"}, "epsilon_high": 0.3},
+            "grpo: 'epsilon_high' was renamed: write surrogate.epsilon_high",
+        ),
+    ],
+)
+def test_yaml_surrogate_errors_are_one_line_naming_the_field(data, message):
+    with pytest.raises(ConfigError) as info:
+        from_dict(GRPOConfig, data, where="grpo")
+    text = str(info.value)
+    assert message in text and "\n" not in text
 
-    argv = ["train", "cispo", "--runs-dir", str(tmp_path), "--grpo.epsilon-high", "0.3", *TINY]
-    assert "epsilon_high has no effect with surrogate=cispo" in cli_error(argv, capsys)
+
+@pytest.mark.parametrize(
+    ("assignments", "message"),
+    [
+        (["surrogate.clip_ratio_c=3"], "surrogate.clip_ratio_c belongs to ppo-clip, not cispo"),
+        (["surrogate=pgo"], "surrogate: unknown 'pgo'; choose one of: ppo-clip, cispo, gmpo"),
+        (["surrogate.name=pgo"], "surrogate.name: unknown 'pgo'"),
+        (["cispo_epsilon_low=0.5"], "'cispo_epsilon_low' was renamed: write surrogate"),
+    ],
+)
+def test_set_surrogate_errors_are_one_line_naming_the_field(assignments, message):
+    with pytest.raises(ConfigError) as info:
+        apply_overrides(GRPOConfig(surrogate=CISPO()), assignments)
+    text = str(info.value)
+    assert message in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    "surrogate",
+    [PPOClip(epsilon_high=0.28, clip_ratio_c=3.0), CISPO(epsilon_high=2.0), GMPO(epsilon_low=0.3)],
+)
+def test_yaml_and_set_round_trips_of_each_surrogate(surrogate):
+    config = GRPOConfig(surrogate=surrogate)
+    data = to_dict(config)
+    assert data["surrogate"]["name"] == surrogate.name
+    assert from_dict(GRPOConfig, yaml.safe_load(yaml.safe_dump(data))) == config
+    # --set: the name first (its defaults), then each clip as text
+    fields = [f.name for f in dataclasses.fields(surrogate) if f.name != "name"]
+    text = [f"surrogate={surrogate.name}"]
+    text += [f"surrogate.{f}={getattr(surrogate, f)}" for f in fields]
+    assert apply_overrides(GRPOConfig(), text) == config
+    # a name alone is that surrogate's defaults; a clip alone changes the current one
+    assert (
+        apply_overrides(GRPOConfig(), [f"surrogate={surrogate.name}"]).surrogate
+        == type(surrogate)()
+    )
+    changed = apply_overrides(config, ["surrogate.epsilon_high=0.5"]).surrogate
+    assert changed == dataclasses.replace(surrogate, epsilon_high=0.5)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        ([], PPOClip()),
+        (["--grpo.surrogate.epsilon-high", "0.28"], PPOClip(epsilon_high=0.28)),
+        (["grpo.surrogate:cispo"], CISPO()),
+        (["grpo.surrogate:cispo", "--grpo.surrogate.epsilon-high", "2"], CISPO(epsilon_high=2.0)),
+        (["grpo.surrogate:gmpo", "--grpo.surrogate.epsilon-low", "0.3"], GMPO(epsilon_low=0.3)),
+        (["cispo", "--grpo.surrogate.epsilon-high", "2"], CISPO(epsilon_high=2.0)),
+        (
+            ["cispo", "grpo.surrogate:ppo-clip", "--grpo.surrogate.clip-ratio-c", "3"],
+            PPOClip(clip_ratio_c=3.0),
+        ),
+        (["gmpo", "--grpo.lr", "0.01"], GMPO()),
+    ],
+)
+def test_cli_spells_each_surrogate(argv, expected):
+    from rlvr.cli import parse_lab
+    from rlvr.pipelines.lab import resolve
+
+    config = parse_lab([*argv, "--grpo.steps", "1"])
+    assert config.grpo.surrogate == expected
+    assert resolve(config).grpo.surrogate == expected  # the recipe does not fill it back
+
+
+def test_cli_refuses_a_clip_the_surrogate_lacks(capsys):
+    from tests.test_cli import cli_error
+
+    message = cli_error(["train", "cispo", "--grpo.surrogate.clip-ratio-c", "3.0"], capsys)
+    assert "--grpo.surrogate.clip-ratio-c" in message
+    message = cli_error(["train", "grpo.surrogate:pgo"], capsys)
+    assert "grpo.surrogate:pgo" in message
 
 
 # ----------------------------------------------------------------------------- the recipes
@@ -454,12 +599,12 @@ def test_cli_refuses_a_clip_the_surrogate_ignores(capsys, tmp_path):
 
 def test_recipes_resolve():
     cispo, gmpo = recipe_config("cispo"), recipe_config("gmpo")
-    assert (cispo.surrogate, cispo.aggregation, cispo.beta) == ("cispo", "token-mean", 0.0)
-    assert (cispo.cispo_epsilon_low, cispo.cispo_epsilon_high) == (1.0, 4.0)  # weight in [0, 5]
-    assert (gmpo.surrogate, gmpo.aggregation, gmpo.beta) == ("gmpo", "seq-mean-token-mean", 0.0)
-    assert (gmpo.gmpo_epsilon_low, gmpo.gmpo_epsilon_high) == (0.4, 0.4)
+    assert (cispo.surrogate, cispo.aggregation, cispo.beta) == (CISPO(), "token-mean", 0.0)
+    assert (cispo.surrogate.epsilon_low, cispo.surrogate.epsilon_high) == (1.0, 4.0)  # [0, 5]
+    assert (gmpo.surrogate, gmpo.aggregation, gmpo.beta) == (GMPO(), "seq-mean-token-mean", 0.0)
+    assert (gmpo.surrogate.epsilon_low, gmpo.surrogate.epsilon_high) == (0.4, 0.4)
     for name in ("cispo", "gmpo"):
-        assert "cispo" in RECIPES and f"surrogate: {name}" in describe_recipe(name)
+        assert name in RECIPES and f"surrogate: {{name: {name}," in describe_recipe(name)
         check_grpo_config(dataclasses.replace(recipe_config(name), max_new_tokens=48))
 
 
@@ -490,3 +635,15 @@ def test_two_training_steps_of_each_recipe(tmp_path):
         assert ours["loss"] == pytest.approx(theirs["loss"], abs=1e-6)
     for ours, theirs in zip(runs["cispo"], runs["ppo-token-mean"]):
         assert abs(ours["loss"] - theirs["loss"]) > 0.1
+
+
+def test_a_config_of_the_flat_layout_loads_into_the_surrogates_config():
+    # as rlvr wrote config.yaml before the grouping: every surrogate's clips, flat
+    flat = {"surrogate": "cispo", "epsilon_low": 0.2, "epsilon_high": 0.2, "clip_ratio_c": None}
+    flat |= {"cispo_epsilon_low": 0.5, "cispo_epsilon_high": 2.0}
+    flat |= {"gmpo_epsilon_low": 0.4, "gmpo_epsilon_high": 0.4}
+    assert from_dict(GRPOConfig, flat).surrogate == CISPO(epsilon_low=0.5, epsilon_high=2.0)
+    assert from_dict(GRPOConfig, {"epsilon_high": 0.3}).surrogate == PPOClip(epsilon_high=0.3)
+    # another surrogate's clip set away from its default was never a setting: refused
+    with pytest.raises(ConfigError, match="'gmpo_epsilon_low' was renamed"):
+        from_dict(GRPOConfig, {"surrogate": "cispo", "gmpo_epsilon_low": 0.1})

@@ -15,12 +15,14 @@ from rlvr.rollout.engine import HFEngine
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.train.checkpoint import step_dir_name
-from rlvr.train.config import GRPOConfig, build_plan
+from rlvr.train.config import GRPOConfig, RolloutCorrection, build_plan
 from rlvr.train.grpo import build_trainer, grpo_step, train_grpo
 from rlvr.train.rollouts import AsyncRollout
 from rlvr.verifiers.math import math_reward
 from rlvr.workers import WorkerError
 from tests.test_learning import learn_carrying
+
+TIS = RolloutCorrection(mode="tis")
 
 
 def tiny(seed: int = 0):
@@ -68,7 +70,7 @@ def test_rollouts_are_at_most_ahead_updates_old_and_never_loaded_mid_sampling(ah
         group_size=2,
         max_new_tokens=4,
         async_steps=ahead,
-        rollout_correction="tis",
+        rollout_correction=TIS,
     )
     t = build_trainer(model, tokenizer, rows(), [math_reward], config, seed=0, engine=engine)
     assert isinstance(t.rollout, AsyncRollout)
@@ -96,7 +98,7 @@ def test_a_synchronous_correction_weighs_every_token_by_one_and_changes_nothing(
             prompts_per_step=4,
             group_size=4,
             max_new_tokens=6,
-            rollout_correction=correction,
+            rollout_correction=RolloutCorrection(mode=correction),
         )
         t = build_trainer(model, tokenizer, rows(), [math_reward], config, seed=0)
         results[correction] = grpo_step(
@@ -111,15 +113,16 @@ def test_a_synchronous_correction_weighs_every_token_by_one_and_changes_nothing(
 
 
 def test_an_async_run_without_a_correction_is_refused():
-    with pytest.raises(ValueError, match="set rollout_correction to tis, mis or icepop"):
+    with pytest.raises(ValueError, match="set rollout_correction.mode to tis, mis or icepop"):
         build_plan(GRPOConfig(max_new_tokens=4, async_steps=1))
-    build_plan(GRPOConfig(max_new_tokens=4, async_steps=1, rollout_correction="none"))
+    none = RolloutCorrection(mode="none")
+    build_plan(GRPOConfig(max_new_tokens=4, async_steps=1, rollout_correction=none))
 
 
 def async_config(**switches) -> GRPOConfig:
     """A tiny one-step-off run with truncated IS."""
     base = {"prompts_per_step": 2, "group_size": 2, "max_new_tokens": 4, "eval_every": 0}
-    return GRPOConfig(async_steps=1, rollout_correction="tis", **base | switches)
+    return GRPOConfig(async_steps=1, rollout_correction=TIS, **base | switches)
 
 
 def run_with(engine, config: GRPOConfig, run: RunDirectory):
@@ -192,7 +195,7 @@ def test_the_lost_worker_message_names_the_last_checkpoint(tmp_path):
 
 def test_async_with_one_step_of_staleness_and_tis_learns_held_out_problems(tmp_path):
     """test_learning.py's seeded run, one step off-policy with truncated IS."""
-    learned = learn_carrying(tmp_path, async_steps=1, rollout_correction="tis")
+    learned = learn_carrying(tmp_path, async_steps=1, rollout_correction=TIS)
     steps = [r for r in learned.records if "reward/mean" in r]
     print(f"async + tis: held-out greedy {learned.before:.3f} -> {learned.after:.3f}")
     assert [r["async/staleness"] for r in steps[:3]] == [0.0, 1.0, 1.0]
@@ -203,7 +206,7 @@ def test_async_with_one_step_of_staleness_and_tis_learns_held_out_problems(tmp_p
 
 @pytest.mark.slow
 def test_the_lab_one_step_off_with_tis_reaches_095_held_out(tmp_path):
-    """The issue's bar: `rlvr lab --grpo.async-steps 1 --grpo.rollout-correction tis` (the
+    """The issue's bar: `rlvr lab --grpo.async-steps 1 --grpo.rollout-correction.mode tis` (the
     lab's 3-digit task, 100 steps) ends at held-out greedy >= 0.95 (measured: 0.365 -> 0.980)."""
     import json
 
@@ -212,7 +215,7 @@ def test_the_lab_one_step_off_with_tis_reaches_095_held_out(tmp_path):
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     main(
         ["lab", "--runs-dir", str(runs), "--cache-dir", str(cache), "--no-progress"]
-        + ["--grpo.async-steps", "1", "--grpo.rollout-correction", "tis"]
+        + ["--grpo.async-steps", "1", "--grpo.rollout-correction.mode", "tis"]
     )
     summary = json.loads(next(runs.glob("*/summary.json")).read_text())
     assert summary["base_greedy_acc"] < 0.5 and summary["final_greedy_acc"] >= 0.95

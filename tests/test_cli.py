@@ -11,7 +11,7 @@ import pytest
 from rlvr.cli import main, parse_lab
 from rlvr.config import RunPlace, UserError
 from rlvr.pipelines.lab import LabConfig, resolve
-from rlvr.train.config import GRPOConfig
+from rlvr.train.config import GMPO, GRPOConfig, PPOClip
 from rlvr.train.recipes import RECIPES, recipe_config
 
 
@@ -38,8 +38,8 @@ def test_unknown_task(tmp_path, capsys, no_debug):
 
 
 def test_unknown_key_names_the_nearest(tmp_path, capsys, no_debug):
-    message = cli_error(["train", "--set", "epsilon_lo=0.1", "--runs-dir", str(tmp_path)], capsys)
-    assert "unknown key 'epsilon_lo'" in message and "did you mean 'epsilon_low'" in message
+    message = cli_error(["train", "--set", "betta=0.1", "--runs-dir", str(tmp_path)], capsys)
+    assert "unknown key 'betta'" in message and "did you mean 'beta'" in message
 
 
 def test_wrong_type(tmp_path, capsys, no_debug):
@@ -132,30 +132,47 @@ def test_no_recipe_keeps_the_defaults():
 
 
 def test_flags_override_the_recipe():
-    config = resolve(parse_lab(["dapo", "--grpo.lr", "3e-5", "--grpo.epsilon-high", "0.3"]))
-    assert config.recipe == "dapo" and config.grpo.dynamic_sampling
-    assert (config.grpo.lr, config.grpo.epsilon_high) == (3e-5, 0.3)
+    argv = ["dapo", "--grpo.lr", "3e-5", "--grpo.surrogate.epsilon-high", "0.3"]
+    config = resolve(parse_lab(argv))
+    assert config.recipe == "dapo" and config.grpo.dynamic_sampling.enabled
+    assert (config.grpo.lr, config.grpo.surrogate.epsilon_high) == (3e-5, 0.3)
     dapo = recipe_config("dapo")
-    library = LabConfig(recipe="dapo", grpo=dataclasses.replace(dapo, lr=3e-5, epsilon_high=0.3))
+    surrogate = dataclasses.replace(dapo.surrogate, epsilon_high=0.3)
+    library = LabConfig(recipe="dapo", grpo=dataclasses.replace(dapo, lr=3e-5, surrogate=surrogate))
     assert resolve(library) == config
     # a grpo given in Python is taken as it is: the recipe fills only a grpo left out
-    assert not resolve(LabConfig(recipe="dapo", grpo=GRPOConfig(lr=3e-5))).grpo.dynamic_sampling
+    given = LabConfig(recipe="dapo", grpo=GRPOConfig(lr=3e-5))
+    assert not resolve(given).grpo.dynamic_sampling.enabled
+    # on the command line a clip left at its default is the recipe's: gspo's floor 3e-4
+    config = resolve(parse_lab(["gspo", "--grpo.surrogate.epsilon-high", "1e-3"]))
+    assert config.grpo.surrogate == PPOClip(epsilon_low=3e-4, epsilon_high=1e-3)
 
 
 def test_a_recipe_switch_set_back_to_the_default_stays_set():
-    # dynamic_sampling=False is GRPOConfig's default; the recipe must not fill it again
-    config = resolve(parse_lab(["dapo", "--grpo.no-dynamic-sampling", "--grpo.beta", "0.0"]))
-    assert not config.grpo.dynamic_sampling and config.grpo.epsilon_high == 0.28
+    # dynamic_sampling.enabled=False is GRPOConfig's default; the recipe must not fill it again
+    argv = ["dapo", "--grpo.dynamic-sampling.no-enabled", "--grpo.beta", "0.0"]
+    config = resolve(parse_lab(argv))
+    assert not config.grpo.dynamic_sampling.enabled
+    assert config.grpo.surrogate.epsilon_high == 0.28
+    # so must a surrogate given back its default (ppo-clip's 0.2 / 0.2) on recipe cispo
+    config = resolve(parse_lab(["cispo", "grpo.surrogate:ppo-clip"]))
+    assert config.grpo.surrogate == PPOClip() and config.grpo.aggregation == "token-mean"
     grpo = resolve(parse_lab(["grpo", "--grpo.beta", "0"])).grpo
     assert grpo.beta == 0.0 and grpo.aggregation == recipe_config("grpo").aggregation
 
 
 def test_set_is_sugar_for_the_typed_path():
-    by_set = resolve(parse_lab(["dapo", "--set", "epsilon_high=0.3", "beta=0.01"]))
-    by_flags = resolve(parse_lab(["dapo", "--grpo.epsilon-high", "0.3", "--grpo.beta", "0.01"]))
+    by_set = resolve(parse_lab(["dapo", "--set", "surrogate.epsilon_high=0.3", "beta=0.01"]))
+    flags = ["--grpo.surrogate.epsilon-high", "0.3", "--grpo.beta", "0.01"]
+    by_flags = resolve(parse_lab(["dapo", *flags]))
     assert by_set == by_flags and by_set.set == ()
-    library = resolve(LabConfig(recipe="dapo", set=("epsilon_high=0.3", "beta=0.01")))
+    library = resolve(LabConfig(recipe="dapo", set=("surrogate.epsilon_high=0.3", "beta=0.01")))
     assert library == by_set
+    gmpo = resolve(parse_lab(["--set", "surrogate=gmpo", "surrogate.epsilon_low=0.3"]))
+    assert gmpo.grpo.surrogate == GMPO(epsilon_low=0.3)
+    assert gmpo == resolve(
+        parse_lab(["grpo.surrogate:gmpo", "--grpo.surrogate.epsilon-low", "0.3"])
+    )
 
 
 def test_resume_refuses_other_settings(tmp_path: Path):
@@ -170,3 +187,25 @@ def test_resume_refuses_other_settings(tmp_path: Path):
     )  # the saved value is fine
     with pytest.raises(UserError, match="refused: threads, grpo.lr"):
         resolve(LabConfig(resume=str(run), place=RunPlace(threads=4), grpo=GRPOConfig(lr=0.5)))
+
+
+def test_resume_of_a_run_with_the_old_flat_fields_loads_them_in_their_parts(tmp_path: Path):
+    # config.yaml as rlvr wrote it before the settings were grouped (every field flat)
+    run = tmp_path / "old"
+    run.mkdir()
+    old = (
+        "grpo: {lr: 0.001, epsilon_low: 0.2, epsilon_high: 0.28, surrogate: ppo-clip,\n"
+        "  cispo_epsilon_high: 4.0, dynamic_sampling: true, max_sampling_tries: 5,\n"
+        "  critic_lr: 0.0001, monitor_every: 0, rollout_correction: null, teacher: null}\n"
+    )
+    (run / "config.yaml").write_text(old)
+    grpo = resolve(LabConfig(resume=str(run), place=RunPlace(progress=False))).grpo
+    assert grpo.surrogate == PPOClip(epsilon_low=0.2, epsilon_high=0.28)
+    assert (grpo.dynamic_sampling.enabled, grpo.dynamic_sampling.max_tries) == (True, 5)
+    assert (grpo.critic.lr, grpo.monitor.every, grpo.lr) == (1e-4, 0, 1e-3)
+    assert grpo.rollout_correction.mode is None and grpo.distill.teacher is None
+
+
+def test_an_old_field_name_in_set_names_its_new_place(capsys, no_debug):
+    message = cli_error(["lab", "--set", "epsilon_high=0.28"], capsys)
+    assert "'epsilon_high' was renamed: write surrogate.epsilon_high" in message

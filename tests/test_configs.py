@@ -3,7 +3,6 @@ pipeline YAML and every recipe bound to the real config classes, types checked."
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -21,8 +20,8 @@ from rlvr.config import (
     load_yaml_config,
     to_dict,
 )
-from rlvr.train.config import GRPOConfig
-from rlvr.train.recipes import RECIPES
+from rlvr.train.config import Critic, Distill, GRPOConfig, PPOClip, RolloutCorrection
+from rlvr.train.recipes import RECIPES, field_value, switch_keys
 
 BUILTIN = sorted((Path(rlvr.pipelines.__file__).parent / "builtin").glob("*.yaml"))
 
@@ -218,7 +217,8 @@ def test_override_errors_name_the_path():
 
 
 def test_override_keys_may_use_dashes():
-    assert apply_overrides(GRPOConfig(), ["dynamic-sampling=yes"]).dynamic_sampling is True
+    config = apply_overrides(GRPOConfig(), ["dynamic-sampling.max-tries=5", "kl-in-reward=yes"])
+    assert config.dynamic_sampling.max_tries == 5 and config.kl_in_reward is True
 
 
 # --- to_dict and YAML files -------------------------------------------------------------------
@@ -296,12 +296,32 @@ def test_every_recipe_is_typed_and_round_trips(name):
     config = apply_overrides(GRPOConfig(), RECIPES[name])
     assert from_dict(GRPOConfig, RECIPES[name]) == config
     assert from_dict(GRPOConfig, to_dict(config)) == config
-    assert dataclasses.replace(GRPOConfig(), **RECIPES[name]) == config  # nothing was coerced
-    text = [f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in RECIPES[name].items()]
+    text = []
+    for key in switch_keys(name):
+        raw = RECIPES[name]
+        for part in key.split("."):
+            raw = raw[part]
+        value = field_value(config, key)
+        if isinstance(raw, dict):  # a surrogate: its name, then its clips
+            text.append(f"{key}={raw['name']}")
+            text += [f"{key}.{k}={v}" for k, v in raw.items() if k != "name"]
+            raw = {k: (v, type(v)) for k, v in raw.items()}
+            value = {k: (getattr(value, k), type(getattr(value, k))) for k in raw}
+        else:
+            text.append(f"{key}={str(raw).lower() if isinstance(raw, bool) else raw}")
+            raw, value = (raw, type(raw)), (value, type(value))
+        assert raw == value  # nothing was coerced: the recipe's values have the fields' types
     assert apply_overrides(GRPOConfig(), text) == config  # the --set path gives the same
 
 
 def test_grpo_config_round_trips_through_yaml_text():
-    config = GRPOConfig(lr=5e-5, clip_ratio_c=3.0, max_new_tokens=64)
+    config = GRPOConfig(
+        lr=5e-5,
+        surrogate=PPOClip(clip_ratio_c=3.0),
+        critic=Critic(lam=0.9),
+        rollout_correction=RolloutCorrection(mode="icepop", cap=4.0),
+        distill=Distill(teacher="t", reward_coef=0.5),
+        max_new_tokens=64,
+    )
     text = yaml.safe_dump(to_dict(config), sort_keys=False)
     assert from_dict(GRPOConfig, yaml.safe_load(text)) == config

@@ -1,6 +1,7 @@
 """On-policy distillation end to end: the teacher is loaded (and refused with another
-tokenizer), `rlvr train opd --grpo.teacher DIR` trains and logs the reverse KL, the reverse KL
-to a trained teacher falls, and the pipeline's `teacher:` setting names an earlier stage."""
+tokenizer), `rlvr train opd --grpo.distill.teacher DIR` trains and logs the reverse KL, the
+reverse KL to a trained teacher falls, and the pipeline's `teacher:` setting names an earlier
+stage."""
 
 import dataclasses
 import itertools
@@ -20,7 +21,7 @@ from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine
 from rlvr.tasks import reasoning
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
-from rlvr.train.config import GRPOConfig, check_grpo_config
+from rlvr.train.config import Distill, GRPOConfig, check_grpo_config
 from rlvr.train.grpo import build_trainer, grpo_step
 from rlvr.train.sft import train_next_token
 from rlvr.train.teacher import TeacherError, load_teacher
@@ -60,23 +61,26 @@ def test_the_same_tokenizer_loads_a_frozen_teacher(tmp_path):
 def test_distillation_switches_are_checked_naming_the_field():
     base = GRPOConfig(max_new_tokens=8)
     cases = {
-        "distill_reward_coef has no effect without a teacher": {"distill_reward_coef": 1.0},
-        "distill_kl_coef and distill_reward_coef must be >= 0": {
-            "teacher": "t",
-            "distill_kl_coef": -1.0,
+        "distill.reward_coef has no effect without a teacher: set distill.teacher": {
+            "distill": Distill(reward_coef=1.0)
         },
-        "cannot both be 0": {"teacher": "t", "distill_kl_coef": 0.0},
-        "advantage_estimator=gae": {"teacher": "t", "advantage_estimator": "gae"},
+        "distill.kl_coef and distill.reward_coef must be >= 0": {
+            "distill": Distill(teacher="t", kl_coef=-1.0)
+        },
+        "cannot both be 0": {"distill": Distill(teacher="t", kl_coef=0.0)},
+        "advantage_estimator=gae": {
+            "distill": Distill(teacher="t"),
+            "advantage_estimator": "gae",
+        },
     }
     for message, change in cases.items():
         with pytest.raises(ValueError, match=message):
             check_grpo_config(dataclasses.replace(base, **change))
     # pure distillation needs no group baseline: one completion per prompt is valid
-    check_grpo_config(dataclasses.replace(base, teacher="t", group_size=1))
+    check_grpo_config(dataclasses.replace(base, distill=Distill(teacher="t"), group_size=1))
     with pytest.raises(ValueError, match="group_size must be >= 2"):  # mixing the reward does
-        check_grpo_config(
-            dataclasses.replace(base, teacher="t", group_size=1, distill_reward_coef=0.5)
-        )
+        mixed = Distill(teacher="t", reward_coef=0.5)
+        check_grpo_config(dataclasses.replace(base, distill=mixed, group_size=1))
 
 
 def test_rlvr_train_opd_with_a_teacher_logs_the_reverse_kl(tmp_path, capsys):
@@ -87,7 +91,7 @@ def test_rlvr_train_opd_with_a_teacher_logs_the_reverse_kl(tmp_path, capsys):
     common = ["--runs-dir", str(runs), "--cache-dir", str(tmp_path / "cache"), *TINY]
     main(
         ["train", "opd", "--run-name", "d", *common, "--grpo.steps", "2"]
-        + ["--grpo.teacher", str(teacher)]
+        + ["--grpo.distill.teacher", str(teacher)]
     )
     metrics = [m for m in read_jsonl(runs / "d" / "metrics.jsonl") if m["step"] > 0]
     assert [m["step"] for m in metrics] == [1, 2]
@@ -103,7 +107,7 @@ def test_rlvr_train_opd_with_a_teacher_logs_the_reverse_kl(tmp_path, capsys):
     _, bad = _saved(tmp_path, "bad", other)
     capsys.readouterr()
     with pytest.raises(SystemExit) as info:
-        main(["train", "opd", "--run-name", "e", *common, "--grpo.teacher", str(bad)])
+        main(["train", "opd", "--run-name", "e", *common, "--grpo.distill.teacher", str(bad)])
     err = capsys.readouterr().err
     assert info.value.code == 2 and "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("rlvr: error: ")]
@@ -140,7 +144,7 @@ def test_the_reverse_kl_to_a_trained_teacher_falls(tmp_path):
         group_size=1,
         max_new_tokens=3,
         lr=1e-2,
-        teacher=str(teacher_dir),
+        distill=Distill(teacher=str(teacher_dir)),
         cpu_workers=1,
     )
 
@@ -175,15 +179,15 @@ def test_the_grpo_stage_teacher_parses_and_an_unknown_stage_is_named(tmp_path):
     task_config = reasoning.ReasoningTaskConfig()
     task = reasoning.task_spec(task_config)
     config = stages.grpo_stage_config(settings, task)  # before the run: a stand-in
-    assert config.teacher == "<the model of stage t>" and config.group_size == 1
-    assert stages.grpo_stage_config(settings, task, teacher_dir="/m").teacher == "/m"
+    assert config.distill.teacher == "<the model of stage t>" and config.group_size == 1
+    assert stages.grpo_stage_config(settings, task, teacher_dir="/m").distill.teacher == "/m"
     wrong = dataclasses.replace(settings, teacher="nope")
     ctx = PipelineContext(task_config, task, None, 0, QUIET)
     with pytest.raises(ConfigError, match="teacher: stage 'nope' did not run earlier") as info:
         stages.run_grpo_stage(wrong, ctx, tmp_path)
     assert "\n" not in str(info.value)
-    both = dataclasses.replace(settings, grpo=GRPOConfig(teacher="/m"))
-    with pytest.raises(ConfigError, match="leave grpo.teacher unset"):
+    both = dataclasses.replace(settings, grpo=GRPOConfig(distill=Distill(teacher="/m")))
+    with pytest.raises(ConfigError, match="leave grpo.distill.teacher unset"):
         stages.grpo_stage_config(both, task)
 
 
@@ -200,9 +204,9 @@ def test_the_distill_pipeline_compares_sft_opd_and_rl_at_the_same_time():
 def test_a_missing_teacher_is_refused_before_any_model_loads(tmp_path, capsys):
     from tests.test_cli import cli_error
 
-    argv = ["train", "opd", "--grpo.teacher", str(tmp_path / "nope"), "--runs-dir", str(tmp_path)]
-    message = cli_error(argv, capsys)
-    assert "--grpo.teacher" in message and "no config.json" in message
+    argv = ["train", "opd", "--grpo.distill.teacher", str(tmp_path / "nope")]
+    message = cli_error([*argv, "--runs-dir", str(tmp_path)], capsys)
+    assert "--grpo.distill.teacher" in message and "no config.json" in message
     assert not (tmp_path / "lab").exists()  # refused before the run directory was made
 
 
@@ -210,4 +214,4 @@ def test_the_opd_recipe_without_a_teacher_is_warned_about(capsys):
     from rlvr.pipelines.lab import recipe_lab_config, resolve
 
     resolve(recipe_lab_config("opd"))
-    assert "opd without --grpo.teacher" in capsys.readouterr().err
+    assert "opd without --grpo.distill.teacher" in capsys.readouterr().err

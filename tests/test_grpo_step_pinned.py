@@ -23,7 +23,7 @@ from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_m
 from rlvr.report.run_dir import RunDirectory
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from rlvr.train.config import GRPOConfig
+from rlvr.train.config import GRPOConfig, Monitor, RolloutCorrection
 from rlvr.train.grpo import train_grpo
 from rlvr.train.recipes import recipe_config
 
@@ -36,7 +36,7 @@ BASE = GRPOConfig(
     max_new_tokens=12,
     lr=1e-3,
     eval_every=1000,
-    monitor_every=0,
+    monitor=Monitor(every=0),
     checkpoint_every=0,
     cpu_workers=1,
 )
@@ -58,7 +58,9 @@ CASES = {
     "lora": dataclasses.replace(BASE, beta=0.04, lr=1e-2),
     # on-policy distillation: `teacher` is filled in with a saved tiny model's directory
     "teacher": recipe_config("opd", dataclasses.replace(BASE, prompts_per_step=8)),
-    "async": dataclasses.replace(BASE, async_steps=1, rollout_correction="tis"),
+    "async": dataclasses.replace(
+        BASE, async_steps=1, rollout_correction=RolloutCorrection(mode="tis")
+    ),
 }
 LORA_CASES = {"lora"}
 TEACHER_CASES = {"teacher"}
@@ -195,7 +197,8 @@ def test_two_seeded_steps_give_the_pinned_numbers(name, tmp_path):
     if name in TEACHER_CASES:
         teacher = build_tiny_model(TINY, build_char_tokenizer(), seed=3)
         directory = save_model(teacher, build_char_tokenizer(), tmp_path / "teacher")
-        config = dataclasses.replace(config, teacher=str(directory))
+        distill = dataclasses.replace(config.distill, teacher=str(directory))
+        config = dataclasses.replace(config, distill=distill)
     got = run_two_steps(config, tmp_path / "run", lora=name in LORA_CASES)
     if os.environ.get("RLVR_PIN_PRINT"):
         print(f"PIN {name!r}: {got!r},")

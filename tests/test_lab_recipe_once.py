@@ -4,6 +4,8 @@ is left out), and the resolved configs are those the old double application gave
 tests/data/resolved_recipes.json was written by the code before the change (commit 5580cf1,
 where `resolve` applied the recipe a second time and `cli._defaults_given` undid it): each
 entry is the `recipe` and `grpo` of `resolve(parse_lab(ARGV))` or `resolve(LabConfig(recipe=R))`.
+Its flat GRPO fields were then moved, values unchanged, to the nested parts that own them
+(`train.config.RENAMED_FIELDS`), and the case names keep the flags as they were spelt then.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ BEFORE = json.loads((Path(__file__).parent / "data" / "resolved_recipes.json").r
 ARGV = {
     "lab": [],
     "train dapo": ["dapo"],
-    "train dapo --grpo.epsilon-high 0.3": ["dapo", "--grpo.epsilon-high", "0.3"],
-    "train dapo --grpo.no-dynamic-sampling": ["dapo", "--grpo.no-dynamic-sampling"],
+    "train dapo --grpo.epsilon-high 0.3": ["dapo", "--grpo.surrogate.epsilon-high", "0.3"],
+    "train dapo --grpo.no-dynamic-sampling": ["dapo", "--grpo.dynamic-sampling.no-enabled"],
     "train dapo --set beta=0.01": ["dapo", "--set", "beta=0.01"],
     "train dr_grpo": ["dr_grpo"],
     "train gspo --grpo.lr 3e-5": ["gspo", "--grpo.lr", "3e-5"],
@@ -50,6 +52,8 @@ def test_the_library_resolves_as_before(recipe):
 def test_the_recorded_cases_differ():
     # the fixture is no copy of one config: the switches it records tell the cases apart
     dapo, plain = BEFORE["train dapo"]["grpo"], BEFORE["lab"]["grpo"]
-    assert dapo != plain and dapo["dynamic_sampling"] and not plain["dynamic_sampling"]
-    assert not BEFORE["train dapo --grpo.no-dynamic-sampling"]["grpo"]["dynamic_sampling"]
-    assert BEFORE["train dapo --grpo.epsilon-high 0.3"]["grpo"]["epsilon_high"] == 0.3
+    enabled = dapo["dynamic_sampling"]["enabled"]
+    assert dapo != plain and enabled and not plain["dynamic_sampling"]["enabled"]
+    no_sampling = BEFORE["train dapo --grpo.no-dynamic-sampling"]["grpo"]
+    assert not no_sampling["dynamic_sampling"]["enabled"]
+    assert BEFORE["train dapo --grpo.epsilon-high 0.3"]["grpo"]["surrogate"]["epsilon_high"] == 0.3

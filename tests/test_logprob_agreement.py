@@ -26,7 +26,7 @@ from rlvr.train.agreement import (
     agreement_check,
     check_agreement,
 )
-from rlvr.train.config import GRPOConfig
+from rlvr.train.config import GRPOConfig, Monitor, RolloutCorrection
 from rlvr.train.grpo import build_trainer, grpo_step
 
 TOKENIZER = build_char_tokenizer()
@@ -129,7 +129,12 @@ def _step(t):
 
 
 CONFIG = GRPOConfig(
-    prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2, cpu_workers=1, monitor_every=0
+    prompts_per_step=4,
+    group_size=4,
+    max_new_tokens=12,
+    lr=1e-2,
+    cpu_workers=1,
+    monitor=Monitor(every=0),
 )
 
 
@@ -154,7 +159,8 @@ def test_an_on_policy_step_measures_agreement_on_its_first_pass(switches):
 
 
 def test_an_off_policy_step_is_not_checked():
-    t, _ = _trainer(dataclasses.replace(CONFIG, rollout_correction="tis"))
+    tis = RolloutCorrection(mode="tis")
+    t, _ = _trainer(dataclasses.replace(CONFIG, rollout_correction=tis))
     assert t.learner.agreement is None
     assert "agreement/max_abs_log_ratio" not in _step(t).metrics
 
@@ -202,7 +208,7 @@ def test_an_engine_that_cannot_agree_exactly_is_logged_and_warned_about_once(cap
     assert first["agreement/max_abs_log_ratio"] == pytest.approx(0.5, abs=1e-3)
     assert second["agreement/max_abs_log_ratio"] > 0.4
     err = capsys.readouterr().err
-    assert err.count("--grpo.rollout-correction") == 1 and "a noisy engine" in err
+    assert err.count("--grpo.rollout-correction.mode") == 1 and "a noisy engine" in err
 
 
 def test_the_check_is_resolved_from_the_engine_and_the_precision():

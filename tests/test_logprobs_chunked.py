@@ -22,7 +22,7 @@ from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_m
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
-from rlvr.train.config import GRPOConfig, build_plan
+from rlvr.train.config import GRPOConfig, Monitor, build_plan
 from rlvr.train.grpo import build_trainer, enable_gradient_checkpointing, grpo_step
 
 VOCAB, N, P, T, G = 300, 6, 5, 7, 2
@@ -226,7 +226,7 @@ def test_a_step_with_gradient_checkpointing_equals_one_without():
     same completions; the update's gradient is the same."""
     tokenizer = build_char_tokenizer()
     config = GRPOConfig(
-        prompts_per_step=2, group_size=3, max_new_tokens=8, cpu_workers=1, monitor_every=0
+        prompts_per_step=2, group_size=3, max_new_tokens=8, cpu_workers=1, monitor=Monitor(every=0)
     )
 
     def reward(prompts, completions, **_):

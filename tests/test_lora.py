@@ -26,7 +26,7 @@ from rlvr.rollout.sampler import sample_completions
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.train.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from rlvr.train.config import GRPOConfig, build_plan
+from rlvr.train.config import GRPOConfig, Monitor, build_plan
 from rlvr.train.grpo import build_trainer, train_grpo
 from rlvr.train.learner import Learner
 from rlvr.train.state import build_state
@@ -44,7 +44,7 @@ CONFIG = GRPOConfig(
     lr=1e-2,
     beta=0.04,  # a reference: the base with the adapters disabled
     eval_every=1000,
-    monitor_every=0,
+    monitor=Monitor(every=0),
     checkpoint_every=0,
     cpu_workers=1,
 )

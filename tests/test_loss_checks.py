@@ -12,7 +12,7 @@ import torch.distributed as dist
 from rlvr import algo
 from rlvr.config import ConfigError
 from rlvr.train import update
-from rlvr.train.config import GRPOConfig
+from rlvr.train.config import Distill, GRPOConfig
 from rlvr.train.loss_checks import (
     CheckResult,
     aggregate_micro_batch_mean,
@@ -247,7 +247,7 @@ def test_a_config_with_a_teacher_is_checked_without_it_and_says_so(tmp_path):
     tokenizer = build_char_tokenizer()
     shape = TinyModelConfig(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)
     teacher = save_model(build_tiny_model(shape, tokenizer, seed=0), tokenizer, tmp_path / "t")
-    config = dataclasses.replace(recipe_config("opd"), teacher=str(teacher))
+    config = dataclasses.replace(recipe_config("opd"), distill=Distill(teacher=str(teacher)))
     results = check_loss(config)
     assert results[0].name == "distillation advantages" and results[0].status == "n/a"
     assert not any(r.failed for r in results)

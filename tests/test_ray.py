@@ -238,7 +238,7 @@ def test_an_actor_killed_mid_run_ends_it_naming_the_actor_and_the_last_checkpoin
     its sampling and the weight push); the run ends within seconds with the actor's name, the
     step-1 checkpoint and the resume command, not a hang."""
     from rlvr.report.run_dir import RunDirectory
-    from rlvr.train.config import GRPOConfig
+    from rlvr.train.config import GRPOConfig, Monitor
     from rlvr.train.grpo import train_grpo
 
     model = copy.deepcopy(policy)
@@ -252,7 +252,7 @@ def test_an_actor_killed_mid_run_ends_it_naming_the_actor_and_the_last_checkpoin
         return [0.0] * len(completions)
 
     config = GRPOConfig(steps=4, prompts_per_step=2, group_size=2, max_new_tokens=6)
-    config = dataclasses.replace(config, checkpoint_every=1, eval_every=0, monitor_every=0)
+    config = dataclasses.replace(config, checkpoint_every=1, eval_every=0, monitor=Monitor(every=0))
     run = RunDirectory(tmp_path, "killed")
     rows = iter([{"prompt": p} for p in PROMPTS] * 10)
     start = time.monotonic()

@@ -161,8 +161,8 @@ def test_bad_inputs_are_refused_before_any_compute(tmp_path, capsys):
         ["train", "--task", str(data), *runs], capsys
     )
     assert "unknown task" in cli_error(["train", "--task", "poetry", *runs], capsys)
-    message = cli_error(["train", "--set", "epsilon_lo=0.1", *runs], capsys)
-    assert "did you mean 'epsilon_low'" in message
+    message = cli_error(["train", "--set", "betaa=0.1", *runs], capsys)
+    assert "did you mean 'beta'" in message
     message = cli_error(["train", "--grpo.group-size", "1", *runs], capsys)
     assert "group_size must be >= 2" in message
     read_only = tmp_path / "ro"

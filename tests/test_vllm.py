@@ -164,7 +164,7 @@ def test_rlvr_trains_with_engine_vllm(tmp_path):
         + ["--cache-dir", str(tmp_path / "cache"), "--arithmetic.digits", "1"]
         + ["--arithmetic.held-out-size", "8", *shape, "--base.steps", "20"]
         + ["--grpo.steps", "3", "--grpo.prompts-per-step", "4", "--grpo.group-size", "4"]
-        + ["--grpo.rollout-correction", "tis"]
+        + ["--grpo.rollout-correction.mode", "tis"]
     )
     records = [json.loads(line) for line in (runs / "v" / "metrics.jsonl").open()]
     steps = [r for r in records if "reward/mean" in r]

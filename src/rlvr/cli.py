@@ -188,11 +188,11 @@ def lab(config: LabConfig) -> None:
 
 def recipes(config: RecipesConfig) -> None:
     """`rlvr recipes`: list the recipes, or show one's switches."""
-    from rlvr.train.recipes import RECIPES, describe_recipe
+    from rlvr.train.recipes import RECIPES, describe_recipe, switch_text
 
     if config.action == "list":
-        for name, switches in RECIPES.items():
-            print(f"{name:12s} {', '.join(f'{k}={v}' for k, v in switches.items())}")
+        for name in RECIPES:
+            print(f"{name:12s} {switch_text(name)}")
     elif config.action == "show" and config.name:
         print(describe_recipe(config.name))
     else:
@@ -376,6 +376,9 @@ def parse_args(config_type: type[T], args: list[str], prog: str, **options: Any)
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
+            # a surrogate's flags (--grpo.surrogate.epsilon-high) work without naming its
+            # subcommand, and flags may follow a subcommand (grpo.surrogate:cispo --grpo.lr 1)
+            options.setdefault("config", (tyro.conf.CascadeSubcommandArgs,))
             config = tyro.cli(config_type, args=args, prog=prog, **options)
     except SystemExit as exc:
         if exc.code in (0, None):  # --help
@@ -432,7 +435,7 @@ def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
     """`[RECIPE] [flags]` as a LabConfig: the flags applied by tyro to the recipe's config
     (`recipe_lab_config`, tyro's default instance) or to the lab's defaults. The recipe is
     applied here once; `resolve` does not apply it again, so a recipe switch given back its
-    `GRPOConfig` default (`rlvr train dapo --grpo.no-dynamic-sampling`) stays set."""
+    `GRPOConfig` default (`rlvr train dapo --grpo.dynamic-sampling.no-enabled`) stays set."""
     from rlvr.pipelines.lab import recipe_lab_config
     from rlvr.train.recipes import RECIPES
 
@@ -442,7 +445,7 @@ def parse_lab(args: list[str], prog: str = "rlvr train") -> LabConfig:
             "--recipe NAME is now a subcommand: rlvr train NAME [flags], e.g. "
             "rlvr train dapo --grpo.lr 3e-5"
         )
-    recipe = args[0] if args and not args[0].startswith("-") else None
+    recipe = args[0] if args and not args[0].startswith("-") and ":" not in args[0] else None
     default = recipe_lab_config(recipe) if recipe else LabConfig()
     description = TRAIN_USAGE.format(recipes=", ".join(RECIPES))
     return parse_args(

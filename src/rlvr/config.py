@@ -3,8 +3,12 @@
 Every value is checked against its field's annotation, so a mistake in a config file fails
 when the file is read, naming the field, rather than deep inside a run. Supported annotations:
 int, float, bool, str, `X | None` (and Optional, other unions), Literal, tuple[...] and list[...]
-of those, dict[K, V], nested dataclasses and Any. Other annotations are checked with
-`isinstance` when they are classes and passed through unchecked otherwise.
+of those, dict[K, V], nested dataclasses and Any. A union of dataclasses that each have a str
+`name` field (a tagged union, e.g. `GRPOConfig.surrogate`) takes a mapping with that `name`
+(`{name: cispo, epsilon_high: 4.0}`) or the name alone (its defaults); a key of another member
+is refused naming the member it belongs to. A class's `RENAMED` ClassVar (old field name ->
+its new place) turns an old key into an error that names the new spelling. Other annotations
+are checked with `isinstance` when they are classes and passed through unchecked otherwise.
 
 Coercions, the only ones (each lossless, each what YAML or a command line produces):
 - an int for a float field becomes a float; a bool is never a number (True is an int in Python);
@@ -87,6 +91,12 @@ MOVED_KEYS_ATTR = "MOVED_KEYS"
 configs of the older layout still load."""
 
 
+UPGRADE_ATTR = "UPGRADE"
+"""A dataclass whose older layout needs more than moving keys (a value that decides where the
+others go) may hold, in a class attribute of this name, a function turning a mapping of that
+layout into today's; `from_dict` calls it first (`GRPOConfig`'s flat surrogate clips)."""
+
+
 # --- public functions ---------------------------------------------------------------------
 
 
@@ -94,8 +104,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     """Build the dataclass `cls` from `data`, checking every value against its annotation.
 
     Nested dataclass fields are built from nested mappings; fields missing from `data` keep
-    their defaults. Keys of an older flat layout that `cls.MOVED_KEYS` names are moved to their
-    nested places first (a key also a field of `cls` moves only when its value is no mapping).
+    their defaults. A mapping of an older layout is first upgraded by `cls.UPGRADE` when the
+    class has one, and keys of an older flat layout that `cls.MOVED_KEYS` names are moved to
+    their nested places (a key also a field of `cls` moves only when its value is no mapping).
     `where` is the path of `data` inside a larger document (e.g. `stages[2].grpo`) and prefixes
     every field path in errors. Raises ConfigError for an
     unknown key (naming the nearest valid one), a missing required key or a wrong type.
@@ -103,9 +114,12 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where or cls.__name__}: {_mismatch_text(cls, data)}")
     fields = _init_fields(cls)
+    upgrade = getattr(cls, UPGRADE_ATTR, None)
+    if upgrade is not None:
+        data = upgrade(data)
     data = _move_flat_keys(cls, data, fields)
     for key in data:
-        _check_known(key, fields, where)
+        _check_known(key, fields, where, renamed=getattr(cls, "RENAMED", None))
     missing = [name for name, f in fields.items() if name not in data and _required(f)]
     if missing:
         raise ConfigError(f"{_prefix(where)}missing required key(s): {', '.join(missing)}")
@@ -141,22 +155,32 @@ def apply_overrides(
     if not isinstance(assignments, Mapping):
         assignments = dict(_split(a) for a in assignments)
     fields, hints = _init_fields(type(config)), _type_hints(type(config))
+    renamed = getattr(type(config), "RENAMED", None)
     changes: dict[str, Any] = {}
     nested: dict[str, dict[str, Any]] = {}
     for key, value in assignments.items():
         name, dot, rest = str(key).replace("-", "_").partition(".")
-        _check_known(name, fields, where, shown=str(key).partition(".")[0])
+        _check_known(name, fields, where, shown=str(key).partition(".")[0], renamed=renamed)
+        tags = _tagged_options(hints[name])
         if dot:
             nested.setdefault(name, {})[rest] = value
-        elif _is_dataclass_type(hints[name]) and isinstance(value, Mapping):
+        elif isinstance(value, Mapping) and (
+            _is_dataclass_type(hints[name]) or (tags is not None and "name" not in value)
+        ):
             nested.setdefault(name, {}).update(value)
         else:
             changes[name] = _convert(value, hints[name], _join(where, name))
     for name, sub in nested.items():
         inner = changes.get(name, getattr(config, name))
         path = _join(where, name)
+        tags = _tagged_options(hints[name])
+        if tags is not None and "name" in sub:  # another member: its defaults, then `sub`
+            changes[name] = _to_tagged(sub, tags, path)
+            continue
         if not dataclasses.is_dataclass(inner) or isinstance(inner, type):
             raise ConfigError(f"{path}: {type(inner).__name__} has no fields to set")
+        if tags is not None:
+            _check_member_keys(sub, type(inner), tags, path)
         changes[name] = apply_overrides(inner, sub, where=path)
     return dataclasses.replace(config, **changes)
 
@@ -260,6 +284,9 @@ def _to_union(value: Any, hint: Any, path: str) -> Any:
         return None
     if none_ok and isinstance(value, str) and value.strip().lower() in _NONE_TEXT:
         return None
+    tags = _tagged_options(hint)
+    if tags is not None:
+        return _to_tagged(value, tags, path)
     others = [o for o in options if o is not type(None)]
     if len(others) == 1:  # `X | None`: X's own error is the precise one
         return _convert(value, others[0], path)
@@ -270,6 +297,61 @@ def _to_union(value: Any, hint: Any, path: str) -> Any:
         except ConfigError:
             continue
     raise _mismatch(path, hint, value)
+
+
+def _tagged_options(hint: Any) -> dict[str, type] | None:
+    """{tag: class} when `hint` is a tagged union: a union (None aside) of dataclasses that
+    each have a `name` field whose default is a str, the tag; otherwise None."""
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return None
+    tags: dict[str, type] = {}
+    for option in typing.get_args(hint):
+        if option is type(None):
+            continue
+        tag = _init_fields(option).get("name") if _is_dataclass_type(option) else None
+        if tag is None or not isinstance(tag.default, str):
+            return None
+        tags[tag.default] = option
+    return tags
+
+
+def _to_tagged(value: Any, tags: Mapping[str, type], path: str) -> Any:
+    """A member of a tagged union: an instance as it is, a tag alone (text) as that member's
+    defaults, or a mapping as the member its `name` picks, built from the other keys."""
+    names = ", ".join(tags)
+    if isinstance(value, tuple(tags.values())):
+        return value
+    if isinstance(value, str):
+        if value.strip() not in tags:
+            raise ConfigError(f"{path}: unknown {value!r}; choose one of: {names}")
+        return tags[value.strip()]()
+    if not isinstance(value, Mapping):
+        raise _mismatch(path, " | ".join(tags), value)
+    tag = value.get("name")
+    if tag is None:
+        first = next(iter(tags))
+        raise ConfigError(
+            f"{path}: say which one with name, one of: {names} (e.g. {{name: {first}, ...}})"
+        )
+    if tag not in tags:
+        raise ConfigError(f"{_join(path, 'name')}: unknown {tag!r}; choose one of: {names}")
+    _check_member_keys(value, tags[tag], tags, path)
+    return from_dict(tags[tag], value, where=path)
+
+
+def _check_member_keys(keys: Any, cls: type, tags: Mapping[str, type], path: str) -> None:
+    """Refuse a key of another member of the tagged union `tags` given to member `cls`, naming
+    the members it belongs to (an unknown key is `from_dict`'s to refuse)."""
+    own = _init_fields(cls)
+    for key in keys:
+        key = str(key).replace("-", "_").partition(".")[0]
+        owners = [tag for tag, option in tags.items() if key in _init_fields(option)]
+        if key not in own and owners:
+            mine = own["name"].default
+            raise ConfigError(
+                f"{_join(path, key)} belongs to {' / '.join(owners)}, not {mine}: set name: "
+                f"{owners[0]} to use it, or leave it out"
+            )
 
 
 def _to_literal(value: Any, hint: Any, path: str) -> Any:
@@ -373,12 +455,24 @@ def _required(f: dataclasses.Field[Any]) -> bool:
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
-def _check_known(name: Any, fields: Mapping[str, Any], where: str, shown: Any = None) -> None:
+def _check_known(
+    name: Any,
+    fields: Mapping[str, Any],
+    where: str,
+    shown: Any = None,
+    renamed: Mapping[str, str] | None = None,
+) -> None:
     """Refuse a key that names no field, with the nearest valid key and all of them; `shown`
-    is the key as the user wrote it (default: `name`)."""
+    is the key as the user wrote it (default: `name`). A key in `renamed` (a class's `RENAMED`:
+    an old field name -> where it lives now) is refused naming its new place."""
     if name in fields:
         return
     shown = name if shown is None else shown
+    if renamed and name in renamed:
+        raise ConfigError(
+            f"{_prefix(where)}{shown!r} was renamed: write {renamed[name]} (the settings of "
+            "one component are grouped in its own config)"
+        )
     nearest = difflib.get_close_matches(str(name), list(fields), n=1)
     hint = f" (did you mean {nearest[0]!r}?)" if nearest else ""
     valid = ", ".join(sorted(fields))

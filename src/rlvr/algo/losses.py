@@ -54,7 +54,9 @@ its clip range, whose meaning each surrogate states:
   is the larger in magnitude (AM >= GM). See :func:`surrogate_gmpo`.
 
 The dual clip ``clip_ratio_c`` is PPO-clip's only: CISPO's weight is already capped and GMPO's
-paper has none, so the other surrogates refuse it (:func:`surrogate_conflicts`).
+paper has none, so the other surrogates refuse it (:func:`surrogate_conflicts`). A run's config
+holds each surrogate's clips in its own config (``rlvr.train.config.PPOClip``, ``CISPO``,
+``GMPO``), which ``build_plan`` passes here as ``epsilon_low`` / ``epsilon_high``.
 """
 
 from __future__ import annotations

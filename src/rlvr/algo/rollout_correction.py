@@ -121,7 +121,7 @@ ROLLOUT_CORRECTIONS: dict[str, Callable[..., tuple[Tensor, Tensor]]] = {
     "mis": correction_mis,
     "icepop": correction_icepop,
 }
-"""`--grpo.rollout-correction` -> (weights [N, T], keep [N, T] bool)."""
+"""`--grpo.rollout-correction.mode` -> (weights [N, T], keep [N, T] bool)."""
 
 
 def corrected_advantages(

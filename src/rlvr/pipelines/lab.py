@@ -118,8 +118,9 @@ class LabConfig:
     `GRPOConfig`'s default) gets the recipe's config (`recipe_lab_config`); a `grpo` given
     is taken as it is."""
     set: tuple[str, ...] = ()
-    """Overrides of GRPO switches as key=value, applied last (e.g. --set epsilon_high=0.28
-    beta=0.01): the same as --grpo.epsilon-high 0.28 --grpo.beta 0.01."""
+    """Overrides of GRPO switches as key=value, applied last (e.g. --set
+    surrogate.epsilon_high=0.28 beta=0.01): the same as --grpo.surrogate.epsilon-high 0.28
+    --grpo.beta 0.01."""
     report_to: str = "none"
     """Trackers that get the same metrics as metrics.jsonl, the samples and the config:
     none, or a comma-separated list of tensorboard (event files in the run directory), wandb
@@ -133,7 +134,7 @@ class LabConfig:
     `TaskChoice("rows.jsonl")`."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    grpo: GRPOConfig = field(default_factory=lambda: _LeftOut())
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """LoRA adapters on the policy (`--lora.rank 16`): only they train; with beta > 0 the
     reference is the same model with its adapters off (no second copy)."""
@@ -161,8 +162,16 @@ class LabConfig:
         if isinstance(self.task, str):  # `LabConfig(task="rows.jsonl")`: the task's name alone
             object.__setattr__(self, "task", TaskChoice(self.task))
         # the recipe is the default of `grpo`: applied here, once, and only to a grpo left out
-        if self.recipe is not None and self.grpo == GRPOConfig():
-            object.__setattr__(self, "grpo", recipe_config(self.recipe))
+        # (a given one, even one equal to GRPOConfig(), is taken as it is)
+        if type(self.grpo) is _LeftOut:
+            grpo = recipe_config(self.recipe) if self.recipe is not None else GRPOConfig()
+            object.__setattr__(self, "grpo", grpo)
+
+
+@dataclass(frozen=True)
+class _LeftOut(GRPOConfig):
+    """`LabConfig.grpo`'s default before `__post_init__`: marks a grpo the caller left out,
+    which becomes the recipe's config (or `GRPOConfig()`); never seen outside the constructor."""
 
 
 def recipe_lab_config(recipe: str) -> LabConfig:
@@ -222,16 +231,16 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
     else:  # the base model is trained (or found in the cache) from the task's corpus
         check_base(task, config.base)
         check_shape(task, config.tiny, config.grpo.max_new_tokens)
-    teacher = config.grpo.teacher
+    teacher = config.grpo.distill.teacher
     if config.recipe == "opd" and teacher is None:
         warn(
-            "recipe opd without --grpo.teacher DIR distils from no one: it trains on the "
+            "recipe opd without --grpo.distill.teacher DIR distils from no one: it trains on the "
             "verifier's reward alone, one completion per prompt"
         )
     if teacher is not None and not (Path(teacher) / "config.json").is_file():
         raise ConfigError(
-            f"--grpo.teacher {teacher}: not a local model directory (no config.json); pass the "
-            "model/ directory of a finished run or a prepared checkpoint"
+            f"--grpo.distill.teacher {teacher}: not a local model directory (no config.json); "
+            "pass the model/ directory of a finished run or a prepared checkpoint"
         )
     try:
         check_grpo_config(config.grpo)

@@ -214,8 +214,9 @@ class GRPOStage:
     2}` or `{engine: vllm}`), as `rlvr train`'s `--ray`, `--rollout-workers`, `--engine`."""
     teacher: str | None = None
     """On-policy distillation: the earlier stage whose model is the teacher (its per-token
-    reverse KL on this stage's own samples is the advantage, `grpo.distill_kl_coef` and
-    `grpo.distill_reward_coef` weigh it and the verifier's); the stage sets `grpo.teacher`."""
+    reverse KL on this stage's own samples is the advantage, `grpo.distill.kl_coef` and
+    `grpo.distill.reward_coef` weigh it and the verifier's); the stage sets
+    `grpo.distill.teacher`."""
 
 
 def grpo_stage_config(
@@ -227,12 +228,14 @@ def grpo_stage_config(
     `check_grpo_config` (a ConfigError)."""
     config = s.grpo
     if s.teacher is not None:
-        if config.teacher is not None:
+        if config.distill.teacher is not None:
             raise ConfigError(
-                "teacher: the stage's teacher is set by `teacher: STAGE`; leave grpo.teacher unset"
+                "teacher: the stage's teacher is set by `teacher: STAGE`; leave "
+                "grpo.distill.teacher unset"
             )
         stand_in = f"<the model of stage {s.teacher}>"
-        config = dataclasses.replace(config, teacher=teacher_dir or stand_in)
+        distill = dataclasses.replace(config.distill, teacher=teacher_dir or stand_in)
+        config = dataclasses.replace(config, distill=distill)
     if config.max_new_tokens is None:
         config = dataclasses.replace(config, max_new_tokens=task.max_new_tokens)
     if max_seconds:

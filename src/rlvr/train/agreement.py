@@ -13,7 +13,7 @@ Where the engine and the learner run the same numerics (the in-process and Ray e
 weights), a deviation past `FP32_TOLERANCE` stops the run before the optimizer step, with one
 line naming both log-prob paths, the deviation and the library versions. Where they cannot
 agree exactly (vLLM, bf16 or fp16 weights), the value is logged and a large one warned about
-once, pointing at `--grpo.rollout-correction`.
+once, pointing at `--grpo.rollout-correction.mode`.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def check_agreement(
         return (
             f"the first pass's largest |log ratio| is {max_abs_log_ratio:.3g} between "
             f"{check.engine} and the learner ({learner_path}): the engine's numerics differ "
-            "from the learner's; --grpo.rollout-correction tis (or mis, icepop) corrects it"
+            "from the learner's; --grpo.rollout-correction.mode tis (or mis, icepop) corrects it"
         )
     return None
 

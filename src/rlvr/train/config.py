@@ -1,18 +1,26 @@
 """The switches of a GRPO run (`GRPOConfig`), and `build_plan`: the one place they are checked
-and resolved into the functions and numbers a step runs (`StepPlan`).
+and resolved into the functions and numbers a step runs (`StepPlan`); `build_loop_plan` gives
+the loop around the steps its settings (`LoopPlan`).
 
-Named recipes (`rlvr.train.recipes`) are nothing but sets of these switches. No code after
-`build_plan` dispatches on a switch's string or reads a `GRPOConfig` field in the step.
+Each component owns its settings: the surrogate is one of `PPOClip`, `CISPO` and `GMPO` (a
+union, each with its own clips: no clip of another surrogate can be set), and DAPO's dynamic
+sampling and overlong shaping, the critic, the hacking monitor, the rollout correction and
+on-policy distillation are nested frozen configs. The advantage functions take one
+`AdvantageInputs`. Named recipes (`rlvr.train.recipes`) are nothing but sets of these
+switches. No code after `build_plan` dispatches on a switch's string or reads a `GRPOConfig`
+field in the step; `train_grpo`'s loop reads only its `LoopPlan`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar, Literal
 
 import torch
+import tyro
 
 from rlvr import algo
 from rlvr.algo.losses import SURROGATES, surrogate_conflicts
@@ -27,8 +35,236 @@ rewrites the head's whole weight gradient). `benchmarks/bench_memory.py` measure
 
 
 @dataclass(frozen=True)
+class PPOClip:
+    """Surrogate ppo-clip: PPO's clipped ratio (the default)."""
+
+    name: Annotated[Literal["ppo-clip"], tyro.conf.Suppress] = "ppo-clip"
+    """The tag that picks this surrogate in YAML (`surrogate: {name: ppo-clip, ...}`)."""
+    epsilon_low: float = 0.2
+    """The ratio is floored at 1 - epsilon_low."""
+    epsilon_high: float = 0.2
+    """The ratio is capped at 1 + epsilon_high (> epsilon_low is DAPO's clip-higher)."""
+    clip_ratio_c: float | None = None
+    """Dual clip for negative advantages: the loss is capped at -A * c (e.g. 3.0)."""
+
+
+@dataclass(frozen=True)
+class CISPO:
+    """Surrogate cispo (MiniMax-M1): the importance weight clipped to [1 - epsilon_low,
+    1 + epsilon_high] and its gradient stopped, so every token keeps a gradient."""
+
+    name: Annotated[Literal["cispo"], tyro.conf.Suppress] = "cispo"
+    """The tag that picks this surrogate in YAML (`surrogate: {name: cispo, ...}`)."""
+    epsilon_low: float = 1.0
+    """The weight's floor is 1 - this (1.0: floor 0, no lower clip, as MiniMax-M1)."""
+    epsilon_high: float = 4.0
+    """The weight's cap is 1 + this (4.0: cap 5, ScaleRL's epsilon_max (arXiv:2510.13786)
+    and TRL's recommended value; it only bounds the variance of a weight that grew, since a
+    clipped token keeps its gradient; verl's example caps at 1.2, SkyRL's default at 6)."""
+
+
+@dataclass(frozen=True)
+class GMPO:
+    """Surrogate gmpo: the geometric mean of a sequence's token ratios, each log-ratio clipped
+    to [-epsilon_low, epsilon_high]; needs ratio_level token."""
+
+    name: Annotated[Literal["gmpo"], tyro.conf.Suppress] = "gmpo"
+    """The tag that picks this surrogate in YAML (`surrogate: {name: gmpo, ...}`)."""
+    epsilon_low: float = 0.4
+    """A negative-advantage token's log-ratio is floored at -this (the paper's e^-0.4)."""
+    epsilon_high: float = 0.4
+    """A non-negative-advantage token's log-ratio is capped at this (the paper's e^0.4)."""
+
+
+Surrogate = (
+    Annotated[PPOClip, tyro.conf.subcommand("ppo-clip")]
+    | Annotated[CISPO, tyro.conf.subcommand("cispo")]
+    | Annotated[GMPO, tyro.conf.subcommand("gmpo")]
+)
+"""The policy surrogate, each with its own clips: on the command line a subcommand
+(`grpo.surrogate:cispo --grpo.surrogate.epsilon-high 4.0`), in YAML a mapping tagged by `name`
+(`surrogate: {name: cispo, epsilon_high: 4.0}`), in `--set` `surrogate=cispo` then
+`surrogate.epsilon_high=4.0`."""
+
+SURROGATE_CONFIGS: dict[str, type] = {"ppo-clip": PPOClip, "cispo": CISPO, "gmpo": GMPO}
+
+
+@dataclass(frozen=True)
+class DynamicSampling:
+    """DAPO's dynamic sampling: drop groups whose rewards are all equal, sample more prompts."""
+
+    enabled: bool = False
+    """Drop groups whose rewards are all equal and sample more prompts to fill B."""
+    max_tries: int = 3
+    """Most sampling rounds per step (then train on what was kept)."""
+
+
+@dataclass(frozen=True)
+class Overlong:
+    """DAPO's overlong shaping: a linear penalty in the last `buffer` tokens of the budget."""
+
+    buffer: int = 0
+    """The penalty ramps over the last N tokens before max_new_tokens (0: off)."""
+    penalty: float = 1.0
+    """The penalty at max_new_tokens (and for truncated completions)."""
+
+
+@dataclass(frozen=True)
+class Critic:
+    """The value model and GAE (advantage_estimator=gae only)."""
+
+    lr: float = 3e-4
+    """AdamW learning rate of the value model."""
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 1.0
+    """GAE lambda."""
+    value_clip: float = 0.2
+    """Value-loss clip range."""
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """The hacking monitor: the strict verifier against the training reward."""
+
+    every: int = 5
+    """Every N steps re-score a sample of completions with the strict verifier and log the gap
+    to the training reward (0 turns it off)."""
+    samples: int = 32
+    """Completions the monitor re-scores."""
+    gap: float = 0.2
+    """Warn when the training reward exceeds strict accuracy by more than this."""
+
+
+@dataclass(frozen=True)
+class RolloutCorrection:
+    """Correct for rollouts sampled by another policy than the one the update starts from (a
+    stale one with `async_steps` > 0; vLLM's or bf16's numerics)."""
+
+    mode: str | None = None
+    """tis (truncated importance weights), mis (masked IS: tokens above the cap dropped),
+    icepop (tokens outside [low, cap] dropped) or none. With a correction the learner scores
+    the batch before updating (pi_old: one more forward pass), the PPO ratio is taken against
+    pi_old and each token's term is weighted by pi_old / behaviour (`rlvr.algo.
+    rollout_correction`); the mismatch is logged (`mismatch/*`). None (unset, off): none for a
+    synchronous run; an asynchronous run refuses to start."""
+    level: str = "token"
+    """The correction's ratio per token, or per sequence (one product for all its tokens)."""
+    cap: float | None = None
+    """The ratio's cap: tis truncates at it, mis and icepop drop above it (None: 2.0 for tis and
+    mis, 5.0 for icepop, its paper's band)."""
+    low: float = 0.5
+    """icepop: tokens whose ratio is below this are dropped too."""
+
+
+@dataclass(frozen=True)
+class Distill:
+    """On-policy distillation (off while `teacher` is None)."""
+
+    teacher: str | None = None
+    """A local model directory whose per-token log-probs of the student's own samples give
+    each token the advantage log q - log pi (the sampled reverse KL, negated; `rlvr.algo.
+    distill`). Its tokenizer must equal the student's (refused otherwise); it is loaded once,
+    frozen, on the run's device. None: no teacher, no distillation."""
+    kl_coef: float = 1.0
+    """The weight of the per-token reverse-KL advantage."""
+    reward_coef: float = 0.0
+    """The weight of the verifier's advantages (the advantage estimator's, one per completion)
+    added to every token's; 0 is pure distillation (no reward needed)."""
+
+
+RENAMED_FIELDS: dict[str, str] = {
+    "epsilon_low": "surrogate.epsilon_low (surrogate: {name: ppo-clip, epsilon_low: ...})",
+    "epsilon_high": "surrogate.epsilon_high (surrogate: {name: ppo-clip, epsilon_high: ...})",
+    "clip_ratio_c": "surrogate.clip_ratio_c (surrogate: {name: ppo-clip, clip_ratio_c: ...})",
+    "cispo_epsilon_low": "surrogate.epsilon_low (surrogate: {name: cispo, epsilon_low: ...})",
+    "cispo_epsilon_high": "surrogate.epsilon_high (surrogate: {name: cispo, epsilon_high: ...})",
+    "gmpo_epsilon_low": "surrogate.epsilon_low (surrogate: {name: gmpo, epsilon_low: ...})",
+    "gmpo_epsilon_high": "surrogate.epsilon_high (surrogate: {name: gmpo, epsilon_high: ...})",
+    "dynamic_sampling": "dynamic_sampling.enabled",
+    "max_sampling_tries": "dynamic_sampling.max_tries",
+    "overlong_buffer": "overlong.buffer",
+    "overlong_penalty": "overlong.penalty",
+    "critic_lr": "critic.lr",
+    "gamma": "critic.gamma",
+    "lam": "critic.lam",
+    "value_clip": "critic.value_clip",
+    "monitor_every": "monitor.every",
+    "monitor_samples": "monitor.samples",
+    "monitor_gap": "monitor.gap",
+    "rollout_correction_level": "rollout_correction.level",
+    "rollout_correction_cap": "rollout_correction.cap",
+    "rollout_correction_low": "rollout_correction.low",
+    "teacher": "distill.teacher",
+    "distill_kl_coef": "distill.kl_coef",
+    "distill_reward_coef": "distill.reward_coef",
+}
+"""The flat `GRPOConfig` fields of rlvr before the settings were grouped, and where each lives
+now: a saved config.yaml of that layout is upgraded as it loads (`upgrade_flat_layout`, so
+old runs resume), and `rlvr.config` names the new place when a `--set` or a YAML file mixing
+the layouts uses an old name. A surrogate given by its name alone (`surrogate: cispo`) is that
+surrogate with its default clips."""
+
+
+_SURROGATE_CLIPS_BEFORE: dict[str, dict[str, str]] = {
+    "ppo-clip": {k: k for k in ("epsilon_low", "epsilon_high", "clip_ratio_c")},
+    "cispo": {"cispo_epsilon_low": "epsilon_low", "cispo_epsilon_high": "epsilon_high"},
+    "gmpo": {"gmpo_epsilon_low": "epsilon_low", "gmpo_epsilon_high": "epsilon_high"},
+}
+"""Each surrogate's flat clip fields before the grouping -> the field of its config now."""
+
+
+_FAMILY_MOVES: dict[str, str] = {
+    "rollout_correction": "rollout_correction.mode",
+    **{old: new for old, new in RENAMED_FIELDS.items() if " " not in new},
+}
+"""The flat family fields -> their dotted place (the surrogates' clips apart)."""
+
+
+def upgrade_flat_layout(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A saved GRPO config of the flat layout (`RENAMED_FIELDS`; a run's config.yaml written
+    before the grouping) in today's nested one, values unchanged, so old runs load and resume:
+    the clips of the surrogate named by `surrogate` go into its config (another surrogate's
+    flat clips at their defaults, as that layout saved them, are dropped; set to anything else
+    they stay, to be refused naming their new place) and each flat family field
+    into its part (`dynamic_sampling: true` -> `dynamic_sampling: {enabled: true}`). A mapping
+    already in the nested layout comes back as it is."""
+    flat = [k for k in data if k in _FAMILY_MOVES and not isinstance(data[k], Mapping)]
+    flat += [k for k in data if k in RENAMED_FIELDS]
+    if not flat and not isinstance(data.get("surrogate"), str):
+        return data
+    out = dict(data)
+    name = out.get("surrogate", "ppo-clip")
+    if isinstance(name, str):
+        surrogate: dict[str, Any] = {"name": name}
+        for member, clips in _SURROGATE_CLIPS_BEFORE.items():
+            default = SURROGATE_CONFIGS[member]()
+            for old, new in clips.items():
+                if old in out and member == name:
+                    surrogate[new] = out.pop(old)
+                elif old in out and out[old] == getattr(default, new):
+                    del out[old]  # the default the flat layout kept there: no setting
+        out["surrogate"] = surrogate
+    for old, place in _FAMILY_MOVES.items():
+        if old in out and not isinstance(out[old], Mapping):
+            part, leaf = place.split(".")
+            value = out.pop(old)
+            out[part] = {**(out[part] if isinstance(out.get(part), Mapping) else {}), leaf: value}
+    return out
+
+
+@dataclass(frozen=True)
 class GRPOConfig:
-    """Switches of the update and its sampling (the lab's defaults; recipes change them)."""
+    """Switches of the update and its sampling (the lab's defaults; recipes change them).
+
+    Each component owns its settings in a nested frozen config: the surrogate (`PPOClip`,
+    `CISPO`, `GMPO`), DAPO's `dynamic_sampling` and `overlong` shaping, the `critic` (GAE),
+    the hacking `monitor`, the `rollout_correction` and on-policy distillation (`distill`)."""
+
+    RENAMED: ClassVar[dict[str, str]] = RENAMED_FIELDS
+    UPGRADE: ClassVar[Callable[[Mapping[str, Any]], Mapping[str, Any]]] = staticmethod(
+        upgrade_flat_layout
+    )
 
     steps: int = 100
     """Number of steps (one batch of prompts each)."""
@@ -53,30 +289,11 @@ class GRPOConfig:
     """grpo, dr_grpo, rloo, reinforce++, reinforce++-baseline, or gae (PPO with a critic)."""
     scale_rewards: str = "group"
     """Divide centred rewards by the std of the group, of the batch, or none."""
-    epsilon_low: float = 0.2
-    """Clip: the ratio is floored at 1 - epsilon_low."""
-    epsilon_high: float = 0.2
-    """Clip: the ratio is capped at 1 + epsilon_high (> epsilon_low is DAPO's clip-higher)."""
-    clip_ratio_c: float | None = None
-    """Dual clip for negative advantages: the loss is capped at -A * c (e.g. 3.0)."""
     ratio_level: str = "token"
     """Importance ratio per token, per sequence (GSPO) or gspo-token."""
-    surrogate: str = "ppo-clip"
-    """The policy surrogate: ppo-clip (PPO's clipped ratio, clipped by epsilon_low/high), cispo
-    (MiniMax-M1: the importance weight clipped to [1 - cispo_epsilon_low, 1 + cispo_epsilon_high]
-    and its gradient stopped, so every token keeps a gradient) or gmpo (the geometric mean of a
-    sequence's token ratios, each log-ratio clipped to [-gmpo_epsilon_low, gmpo_epsilon_high];
-    needs ratio_level token). Each reads only its own clip fields."""
-    cispo_epsilon_low: float = 1.0
-    """cispo: the weight's floor is 1 - this (1.0: floor 0, no lower clip, as MiniMax-M1)."""
-    cispo_epsilon_high: float = 4.0
-    """cispo: the weight's cap is 1 + this (4.0: cap 5, ScaleRL's epsilon_max (arXiv:2510.13786)
-    and TRL's recommended value; it only bounds the variance of a weight that grew, since a
-    clipped token keeps its gradient; verl's example caps at 1.2, SkyRL's default at 6)."""
-    gmpo_epsilon_low: float = 0.4
-    """gmpo: a negative-advantage token's log-ratio is floored at -this (the paper's e^-0.4)."""
-    gmpo_epsilon_high: float = 0.4
-    """gmpo: a non-negative-advantage token's log-ratio is capped at this (the paper's e^0.4)."""
+    surrogate: Surrogate = field(default_factory=PPOClip)
+    """The policy surrogate and its clips: ppo-clip (`PPOClip`), cispo (`CISPO`) or gmpo
+    (`GMPO`); each holds only the clips it reads."""
     aggregation: str = "token-mean"
     """Loss aggregation: token-mean, seq-mean-token-mean or seq-mean-token-sum-norm."""
     beta: float = 0.0
@@ -89,33 +306,18 @@ class GRPOConfig:
     """Update the reference model every N steps (0: never; it stays the initial model)."""
     ref_sync_alpha: float = 1.0
     """Reference update: ref = alpha * policy + (1 - alpha) * ref (1.0 copies)."""
-    dynamic_sampling: bool = False
-    """DAPO: drop groups whose rewards are all equal and sample more prompts to fill B."""
-    max_sampling_tries: int = 3
-    """Most sampling rounds per step with dynamic sampling (then train on what was kept)."""
-    overlong_buffer: int = 0
-    """DAPO overlong shaping: a linear penalty in the last N tokens before max_new_tokens."""
-    overlong_penalty: float = 1.0
-    """The penalty at max_new_tokens (and for truncated completions)."""
+    dynamic_sampling: DynamicSampling = field(default_factory=DynamicSampling)
+    """DAPO's dynamic sampling (off by default)."""
+    overlong: Overlong = field(default_factory=Overlong)
+    """DAPO's overlong shaping (off by default: buffer 0)."""
     mask_truncated: bool = False
     """Leave completions that hit max_new_tokens out of the loss."""
     mu: int = 1
     """Optimisation passes over each batch (PPO epochs)."""
-    critic_lr: float = 3e-4
-    """AdamW learning rate of the value model (advantage_estimator=gae)."""
-    gamma: float = 1.0
-    """GAE discount (gae only)."""
-    lam: float = 1.0
-    """GAE lambda (gae only)."""
-    value_clip: float = 0.2
-    """Value-loss clip range (gae only)."""
-    monitor_every: int = 5
-    """Hacking monitor: every N steps re-score a sample of completions with the strict
-    verifier and log the gap to the training reward (0 turns it off)."""
-    monitor_samples: int = 32
-    """Completions the monitor re-scores."""
-    monitor_gap: float = 0.2
-    """Warn when the training reward exceeds strict accuracy by more than this."""
+    critic: Critic = field(default_factory=Critic)
+    """The value model's learning rate and GAE's settings (advantage_estimator=gae)."""
+    monitor: Monitor = field(default_factory=Monitor)
+    """The hacking monitor's schedule, sample and warning gap."""
     checkpoint_every: int = 25
     """Write a checkpoint every N steps and at the end (0: only at the end)."""
     keep_checkpoints: int = 2
@@ -174,23 +376,9 @@ class GRPOConfig:
     """Asynchronous (off-policy) training: the rollouts of the next K steps are sampled while
     this step updates (in a background thread beside the learner, or on Ray rollout workers),
     from weights at most K updates old. 0: synchronous (sample, update, sync, sample...).
-    Needs `rollout_correction` (or `none` given explicitly: no correction)."""
-    rollout_correction: str | None = None
-    """Correct for rollouts sampled by another policy than the one the update starts from (a
-    stale one with `async_steps` > 0; vLLM's or bf16's numerics): tis (truncated importance
-    weights), mis (masked IS: tokens above the cap dropped), icepop (tokens outside
-    [rollout_correction_low, cap] dropped) or none. With a correction the learner scores the
-    batch before updating (pi_old: one more forward pass), the PPO ratio is taken against
-    pi_old and each token's term is weighted by pi_old / behaviour (`rlvr.algo.
-    rollout_correction`); the mismatch is logged (`mismatch/*`). Unset: none for a synchronous
-    run; an asynchronous run refuses to start."""
-    rollout_correction_level: str = "token"
-    """The correction's ratio per token, or per sequence (one product for all its tokens)."""
-    rollout_correction_cap: float | None = None
-    """The ratio's cap: tis truncates at it, mis and icepop drop above it (None: 2.0 for tis and
-    mis, 5.0 for icepop, its paper's band)."""
-    rollout_correction_low: float = 0.5
-    """icepop: tokens whose ratio is below this are dropped too."""
+    Needs `rollout_correction.mode` (or `none` given explicitly: no correction)."""
+    rollout_correction: RolloutCorrection = field(default_factory=RolloutCorrection)
+    """The rollout correction (`mode` None: unset, off)."""
     worker_timeout_s: float = 1800.0
     """Most seconds to wait on rollouts from another thread or process (async sampling, Ray
     rollout workers) before the run ends with an error naming the worker and the last
@@ -201,26 +389,36 @@ class GRPOConfig:
     warns once and the call's thread is abandoned (`rlvr.tasks.rewards`). 0: unbounded. The
     lab's batch takes milliseconds, a code batch of 128 a few seconds; a code batch whose
     programs mostly run to the sandbox's 3 s per test can take longer."""
-    teacher: str | None = None
-    """On-policy distillation: a local model directory whose per-token log-probs of the
-    student's own samples give each token the advantage log q - log pi (the sampled reverse
-    KL, negated; `rlvr.algo.distill`). Its tokenizer must equal the student's (refused
-    otherwise); it is loaded once, frozen, on the run's device. None: no teacher."""
-    distill_kl_coef: float = 1.0
-    """With a teacher: the weight of the per-token reverse-KL advantage."""
-    distill_reward_coef: float = 0.0
-    """With a teacher: the weight of the verifier's advantages (the advantage estimator's, one
-    per completion) added to every token's; 0 is pure distillation (no reward needed)."""
+    distill: Distill = field(default_factory=Distill)
+    """On-policy distillation: the teacher and its coefficients (`teacher` None: off)."""
 
 
 WORKER_MICRO_BATCH_TOKENS = 2048
 """Micro-batch budget when several CPU workers share the update: small enough that a worker's
 activations stay in its core's cache (`benchmarks/bench_workers.py` measures 1024-4096)."""
 
-Advantages = Callable[..., "tuple[torch.Tensor, torch.Tensor | None]"]
-"""(shaped rewards [N], batch, loss mask [N, T], reference log-probs [N, T] | None, critic
-values [N, T] | None, teacher log-probs [N, T] | None = None) -> (advantages [N] or [N, T],
-returns [N, T] | None). The teacher's log-probs are needed only by on-policy distillation."""
+
+@dataclass(frozen=True)
+class AdvantageInputs:
+    """What a step has when it computes advantages; each advantage function reads the fields
+    it uses (N rows, T completion tokens)."""
+
+    shaped: torch.Tensor
+    """The verifier's rewards after shaping (DAPO's overlong penalty), [N]."""
+    batch: RolloutBatch
+    """The rollouts: group ids, completion mask and the sampler's log-probs."""
+    loss_mask: torch.Tensor
+    """The tokens the loss counts, [N, T] (truncated rows masked out if asked)."""
+    ref_logp: torch.Tensor | None = None
+    """The reference model's log-probs, [N, T] (None without a reference: beta == 0)."""
+    values: torch.Tensor | None = None
+    """The critic's values, [N, T] (gae only)."""
+    teacher_logp: torch.Tensor | None = None
+    """The teacher's log-probs, [N, T] (on-policy distillation only)."""
+
+
+Advantages = Callable[[AdvantageInputs], "tuple[torch.Tensor, torch.Tensor | None]"]
+"""(inputs) -> (advantages [N] or [N, T], returns [N, T] | None)."""
 
 Correction = Callable[
     [RolloutBatch, torch.Tensor, torch.Tensor, torch.Tensor],
@@ -230,15 +428,6 @@ Correction = Callable[
 with pi_old as its log-probs, advantages [N, T], loss mask [N, T], mismatch metrics)."""
 
 DEFAULT_CORRECTION_CAPS = {"tis": 2.0, "mis": 2.0, "icepop": 5.0}
-
-SURROGATE_CLIPS: dict[str, tuple[str, str]] = {
-    "ppo-clip": ("epsilon_low", "epsilon_high"),
-    "cispo": ("cispo_epsilon_low", "cispo_epsilon_high"),
-    "gmpo": ("gmpo_epsilon_low", "gmpo_epsilon_high"),
-}
-"""Each surrogate's clip fields of `GRPOConfig`, (low, high): `build_plan` passes them as
-`policy_loss`'s epsilon_low / epsilon_high. They differ because the clips mean different things
-(a ratio's, an IS weight's, a log-ratio's) and their papers' defaults differ."""
 
 
 @dataclass(frozen=True)
@@ -299,7 +488,10 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         )
     if config.advantage_estimator == "gae":
         advantages = functools.partial(
-            _gae_advantages, kl_reward=kl_reward, gamma=config.gamma, lam=config.lam
+            _gae_advantages,
+            kl_reward=kl_reward,
+            gamma=config.critic.gamma,
+            lam=config.critic.lam,
         )
     else:
         advantages = functools.partial(
@@ -308,28 +500,29 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
             estimator=algo.ADVANTAGE_ESTIMATORS[config.advantage_estimator],
             scale_rewards=config.scale_rewards,
         )
-    if config.teacher is not None:  # the teacher's reverse KL, plus the verifier's if mixed
+    distill = config.distill
+    if distill.teacher is not None:  # the teacher's reverse KL, plus the verifier's if mixed
         advantages = functools.partial(
             _distill_advantages,
             reward_advantages=advantages,
-            kl_coef=config.distill_kl_coef,
-            reward_coef=config.distill_reward_coef,
+            kl_coef=distill.kl_coef,
+            reward_coef=distill.reward_coef,
         )
     shape_rewards = _no_shaping
-    if config.overlong_buffer > 0:
+    if config.overlong.buffer > 0:
         shape_rewards = functools.partial(
             _overlong_shaping,
             max_len=config.max_new_tokens,
-            buffer=config.overlong_buffer,
-            penalty=config.overlong_penalty,
+            buffer=config.overlong.buffer,
+            penalty=config.overlong.penalty,
         )
-    clip_low, clip_high = SURROGATE_CLIPS[config.surrogate]
+    surrogate = config.surrogate
     loss_fn = functools.partial(
         algo.policy_loss,
-        surrogate=config.surrogate,
-        epsilon_low=getattr(config, clip_low),
-        epsilon_high=getattr(config, clip_high),
-        clip_ratio_c=config.clip_ratio_c,
+        surrogate=surrogate.name,
+        epsilon_low=surrogate.epsilon_low,
+        epsilon_high=surrogate.epsilon_high,
+        clip_ratio_c=getattr(surrogate, "clip_ratio_c", None),  # PPOClip's alone
         ratio_level=config.ratio_level,
         beta=beta_in_loss,
         kl_estimator=config.kl_estimator,
@@ -341,8 +534,8 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         group_size=config.group_size,
         max_new_tokens=config.max_new_tokens,
         temperature=config.temperature,
-        max_rounds=config.max_sampling_tries if config.dynamic_sampling else 1,
-        dynamic_sampling=config.dynamic_sampling,
+        max_rounds=config.dynamic_sampling.max_tries if config.dynamic_sampling.enabled else 1,
+        dynamic_sampling=config.dynamic_sampling.enabled,
         threads=generation_threads(config, threads),
         verify_timeout_s=config.verify_timeout_s,
     )
@@ -354,7 +547,7 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         loss_fn=loss_fn,
         mu=config.mu,
         grad_clip=config.grad_clip,
-        value_clip=config.value_clip,
+        value_clip=config.critic.value_clip,
         skip_zero_advantage=beta_in_loss == 0,
         share_prompts=config.share_prompt_forward
         and config.group_size > 1
@@ -370,25 +563,54 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         ref_sync_alpha=config.ref_sync_alpha,
         correct=_correction(config),
         async_steps=config.async_steps,
-        teacher=config.teacher is not None,
+        teacher=distill.teacher is not None,
+    )
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """What `train_grpo`'s loop reads, around the steps: how many, when to evaluate, checkpoint
+    and monitor, and when to stop early."""
+
+    steps: int
+    eval_every: int  # `is_eval_step`'s schedule (0: before the first step and after the last)
+    checkpoint_every: int  # and at the end (0: only at the end)
+    keep_checkpoints: int
+    max_seconds: float  # stop after the first step past this (0: no limit)
+    monitor: Monitor  # the hacking monitor's every / samples / gap
+    samples_per_step: int  # completions written to samples.jsonl per step
+    max_nonfinite_steps: int  # stop after this many skipped updates in a row
+    abort_zero_reward_steps: int  # stop after this many unreadable zero-reward steps (0: off)
+    label: str  # the progress bar's: the advantage estimator
+
+
+def build_loop_plan(config: GRPOConfig) -> LoopPlan:
+    """The loop's settings of `config` (checked by `build_plan`, which the trainer runs)."""
+    return LoopPlan(
+        steps=config.steps,
+        eval_every=config.eval_every,
+        checkpoint_every=config.checkpoint_every,
+        keep_checkpoints=config.keep_checkpoints,
+        max_seconds=config.max_seconds,
+        monitor=config.monitor,
+        samples_per_step=config.samples_per_step,
+        max_nonfinite_steps=config.max_nonfinite_steps,
+        abort_zero_reward_steps=config.abort_zero_reward_steps,
+        label=config.advantage_estimator,
     )
 
 
 def _correction(config: GRPOConfig) -> Correction | None:
     """The run's rollout correction as one function, or None for none (or unset)."""
-    mode = config.rollout_correction
+    correction = config.rollout_correction
+    mode = correction.mode
     if mode in (None, "none"):
         return None
-    cap = config.rollout_correction_cap or DEFAULT_CORRECTION_CAPS[mode]
+    cap = correction.cap or DEFAULT_CORRECTION_CAPS[mode]
     weigh = functools.partial(
-        algo.ROLLOUT_CORRECTIONS[mode],
-        cap=cap,
-        low=config.rollout_correction_low,
-        level=config.rollout_correction_level,
+        algo.ROLLOUT_CORRECTIONS[mode], cap=cap, low=correction.low, level=correction.level
     )
-    return functools.partial(
-        _rollout_correction, weigh=weigh, level=config.rollout_correction_level
-    )
+    return functools.partial(_rollout_correction, weigh=weigh, level=correction.level)
 
 
 def check_grpo_config(config: GRPOConfig) -> None:
@@ -426,38 +648,40 @@ def _switch_problems(config: GRPOConfig) -> list[str]:
             problems.append(f"{name} must be one of {sorted(registry)}")
     if config.scale_rewards not in algo.REWARD_SCALES:
         problems.append("scale_rewards must be group, batch or none")
-    if config.rollout_correction not in (None, *algo.ROLLOUT_CORRECTIONS):
-        problems.append(f"rollout_correction must be one of {sorted(algo.ROLLOUT_CORRECTIONS)}")
-    if config.rollout_correction_level not in ("token", "sequence"):
-        problems.append("rollout_correction_level must be token or sequence")
+    if config.rollout_correction.mode not in (None, *algo.ROLLOUT_CORRECTIONS):
+        problems.append(
+            f"rollout_correction.mode must be one of {sorted(algo.ROLLOUT_CORRECTIONS)}"
+        )
+    if config.rollout_correction.level not in ("token", "sequence"):
+        problems.append("rollout_correction.level must be token or sequence")
     return problems
 
 
 def _surrogate_problems(config: GRPOConfig) -> list[str]:
-    """An unknown surrogate, a setting it cannot run with, a negative clip width, or a clip
-    field of another surrogate moved from its default (it would be ignored)."""
-    if config.surrogate not in SURROGATES:
-        return [f"surrogate must be one of {sorted(SURROGATES)}"]
+    """A setting the surrogate cannot run with, or a clip width out of range (each surrogate
+    config holds only its own clips, so none can be set for another)."""
+    surrogate = config.surrogate
+    if not isinstance(surrogate, tuple(SURROGATE_CONFIGS.values())):
+        return [f"surrogate must be one of {', '.join(SURROGATE_CONFIGS)}"]
+    assert surrogate.name in SURROGATES
     problems = surrogate_conflicts(
-        config.surrogate, ratio_level=config.ratio_level, clip_ratio_c=config.clip_ratio_c
+        surrogate.name,
+        ratio_level=config.ratio_level,
+        clip_ratio_c=getattr(surrogate, "clip_ratio_c", None),
     )
-    defaults = GRPOConfig()
-    own = SURROGATE_CLIPS[config.surrogate]
-    for name in (name for fields in SURROGATE_CLIPS.values() for name in fields):
-        if getattr(config, name) < 0:
-            problems.append(f"{name} must be >= 0")
-        elif name not in own and getattr(config, name) != getattr(defaults, name):
-            problems.append(
-                f"{name} has no effect with surrogate={config.surrogate}: its clip is "
-                f"{own[0]} / {own[1]}"
-            )
+    for name in ("epsilon_low", "epsilon_high"):
+        if getattr(surrogate, name) < 0:
+            problems.append(f"surrogate.{name} must be >= 0")
+    if surrogate.name != "gmpo" and surrogate.epsilon_low > 1:  # gmpo's clips a log-ratio
+        what = "ratio" if surrogate.name == "ppo-clip" else "weight"
+        problems.append(f"surrogate.epsilon_low must be <= 1 (the {what}'s floor is 1 - it)")
     return problems
 
 
 def _range_problems(config: GRPOConfig) -> list[str]:
     """Numbers outside the range where the step means anything."""
     problems = []
-    rewards_used = config.teacher is None or config.distill_reward_coef > 0
+    rewards_used = config.distill.teacher is None or config.distill.reward_coef > 0
     group_baseline = config.advantage_estimator in algo.GROUP_BASELINE_ESTIMATORS
     if config.group_size < 2 and group_baseline and rewards_used:
         problems.append(
@@ -472,23 +696,23 @@ def _range_problems(config: GRPOConfig) -> list[str]:
         problems.append("beta must be >= 0")
     if config.max_new_tokens is None or config.max_new_tokens < 1:
         problems.append("max_new_tokens must be set (>= 1) before training")
-    elif not 0 <= config.overlong_buffer < config.max_new_tokens:
-        problems.append("overlong_buffer must be in [0, max_new_tokens)")
+    elif not 0 <= config.overlong.buffer < config.max_new_tokens:
+        problems.append("overlong.buffer must be in [0, max_new_tokens)")
     if config.logprob_chunk_tokens < 0:
         problems.append("logprob_chunk_tokens must be >= 0 (0: whole logits)")
     if config.worker_timeout_s <= 0:
         problems.append("worker_timeout_s must be > 0")
     if config.async_steps < 0:
         problems.append("async_steps must be >= 0 (0: synchronous)")
-    elif config.async_steps > 0 and config.rollout_correction is None:
+    elif config.async_steps > 0 and config.rollout_correction.mode is None:
         problems.append(
             f"async_steps={config.async_steps} trains on rollouts from weights up to "
-            f"{config.async_steps} updates old: set rollout_correction to tis, mis or icepop "
-            "(or to none explicitly, for no correction)"
+            f"{config.async_steps} updates old: set rollout_correction.mode to tis, mis or "
+            "icepop (or to none explicitly, for no correction)"
         )
-    cap, low = config.rollout_correction_cap, config.rollout_correction_low
+    cap, low = config.rollout_correction.cap, config.rollout_correction.low
     if (cap is not None and cap <= 0) or not 0 <= low < (cap or 5.0):
-        problems.append("rollout_correction_cap must be > 0 and rollout_correction_low in [0, cap)")
+        problems.append("rollout_correction.cap must be > 0 and rollout_correction.low in [0, cap)")
     return problems + [f"{name} must be {bound}" for name, ok, bound in _bounds(config) if not ok]
 
 
@@ -498,21 +722,19 @@ def _bounds(config: GRPOConfig) -> list[tuple[str, bool, str]]:
     return [
         ("group_size", c.group_size >= 1, ">= 1"),
         ("lr", c.lr >= 0, ">= 0"),
-        ("critic_lr", c.critic_lr >= 0, ">= 0"),
+        ("critic.lr", c.critic.lr >= 0, ">= 0"),
         ("warmup_steps", c.warmup_steps >= 0, ">= 0"),
         ("weight_decay", c.weight_decay >= 0, ">= 0"),
         ("grad_clip", c.grad_clip > 0, "> 0"),
-        ("epsilon_low", c.epsilon_low <= 1, "<= 1 (the ratio's floor is 1 - epsilon_low)"),
-        ("cispo_epsilon_low", c.cispo_epsilon_low <= 1, "<= 1 (the weight's floor is 1 - it)"),
-        ("gamma", 0 <= c.gamma <= 1, "in [0, 1]"),
-        ("lam", 0 <= c.lam <= 1, "in [0, 1]"),
-        ("value_clip", c.value_clip > 0, "> 0"),
+        ("critic.gamma", 0 <= c.critic.gamma <= 1, "in [0, 1]"),
+        ("critic.lam", 0 <= c.critic.lam <= 1, "in [0, 1]"),
+        ("critic.value_clip", c.critic.value_clip > 0, "> 0"),
         ("ref_sync_every", c.ref_sync_every >= 0, ">= 0 (0: never)"),
         ("ref_sync_alpha", 0 < c.ref_sync_alpha <= 1, "in (0, 1]"),
-        ("max_sampling_tries", c.max_sampling_tries >= 1, ">= 1"),
-        ("overlong_penalty", c.overlong_penalty >= 0, ">= 0"),
-        ("monitor_every", c.monitor_every >= 0, ">= 0 (0: off)"),
-        ("monitor_samples", c.monitor_samples >= 1, ">= 1"),
+        ("dynamic_sampling.max_tries", c.dynamic_sampling.max_tries >= 1, ">= 1"),
+        ("overlong.penalty", c.overlong.penalty >= 0, ">= 0"),
+        ("monitor.every", c.monitor.every >= 0, ">= 0 (0: off)"),
+        ("monitor.samples", c.monitor.samples >= 1, ">= 1"),
         ("checkpoint_every", c.checkpoint_every >= 0, ">= 0 (0: only at the end)"),
         ("keep_checkpoints", c.keep_checkpoints >= 1, ">= 1"),
         ("max_nonfinite_steps", c.max_nonfinite_steps >= 1, ">= 1"),
@@ -531,23 +753,25 @@ def _distill_problems(config: GRPOConfig) -> list[str]:
     """On-policy distillation's settings: coefficients, a teacher with a critic, or a
     coefficient set without a teacher (it would be ignored)."""
     problems = []
-    if config.distill_kl_coef < 0 or config.distill_reward_coef < 0:
-        problems.append("distill_kl_coef and distill_reward_coef must be >= 0")
-    defaults = GRPOConfig()
-    if config.teacher is None:
-        for name in ("distill_kl_coef", "distill_reward_coef"):
-            if getattr(config, name) != getattr(defaults, name):
-                problems.append(f"{name} has no effect without a teacher: set teacher too")
+    distill = config.distill
+    if distill.kl_coef < 0 or distill.reward_coef < 0:
+        problems.append("distill.kl_coef and distill.reward_coef must be >= 0")
+    if distill.teacher is None:
+        for name in ("kl_coef", "reward_coef"):
+            if getattr(distill, name) != getattr(Distill(), name):
+                problems.append(
+                    f"distill.{name} has no effect without a teacher: set distill.teacher too"
+                )
         return problems
-    if not config.teacher.strip():
-        problems.append("teacher must be a model directory (or unset)")
+    if not distill.teacher.strip():
+        problems.append("distill.teacher must be a model directory (or unset)")
     if config.advantage_estimator == "gae":
         problems.append(
-            "teacher gives per-token advantages of its own: advantage_estimator=gae (a "
-            "critic) cannot be mixed in; choose a group estimator"
+            "distill.teacher gives per-token advantages of its own: advantage_estimator=gae "
+            "(a critic) cannot be mixed in; choose a group estimator"
         )
-    if config.distill_kl_coef == 0 and config.distill_reward_coef == 0:
-        problems.append("with a teacher, distill_kl_coef and distill_reward_coef cannot both be 0")
+    if distill.kl_coef == 0 and distill.reward_coef == 0:
+        problems.append("with a teacher, distill.kl_coef and distill.reward_coef cannot both be 0")
     return problems
 
 
@@ -591,52 +815,33 @@ def _kl_into_reward(
 
 
 def _group_advantages(
-    shaped: torch.Tensor,
-    batch: RolloutBatch,
-    loss_mask: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    values: torch.Tensor | None,
-    teacher_logp: torch.Tensor | None = None,
-    *,
-    kl_reward: Callable,
-    estimator: Callable,
-    scale_rewards: str,
+    inputs: AdvantageInputs, *, kl_reward: Callable, estimator: Callable, scale_rewards: str
 ) -> tuple[torch.Tensor, None]:
-    """One advantage per completion from its group's rewards (grpo, rloo, reinforce++, ...)."""
-    rewards = kl_reward(shaped, batch, ref_logp)
-    return estimator(rewards, batch.group_ids, scale_rewards=scale_rewards), None
+    """One advantage per completion from its group's rewards (grpo, rloo, reinforce++, ...);
+    reads the shaped rewards, the batch (its group ids) and the reference log-probs."""
+    rewards = kl_reward(inputs.shaped, inputs.batch, inputs.ref_logp)
+    return estimator(rewards, inputs.batch.group_ids, scale_rewards=scale_rewards), None
 
 
 def _gae_advantages(
-    shaped: torch.Tensor,
-    batch: RolloutBatch,
-    loss_mask: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    values: torch.Tensor | None,
-    teacher_logp: torch.Tensor | None = None,
-    *,
-    kl_reward: Callable,
-    gamma: float,
-    lam: float,
+    inputs: AdvantageInputs, *, kl_reward: Callable, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO: the outcome reward on the last completion token, GAE against the critic's values,
     advantages whitened over the loss mask; also the returns the critic regresses on."""
-    assert values is not None, "gae needs the critic's values"
-    per_token = algo.outcome_to_token_rewards(shaped, batch.completion_mask)
-    per_token = kl_reward(per_token, batch, ref_logp)
-    advantages, returns = algo.gae_advantages(per_token, values, batch.completion_mask, gamma, lam)
-    return algo.masked_whiten(advantages, loss_mask), returns
+    assert inputs.values is not None, "gae needs the critic's values"
+    batch = inputs.batch
+    per_token = algo.outcome_to_token_rewards(inputs.shaped, batch.completion_mask)
+    per_token = kl_reward(per_token, batch, inputs.ref_logp)
+    advantages, returns = algo.gae_advantages(
+        per_token, inputs.values, batch.completion_mask, gamma, lam
+    )
+    return algo.masked_whiten(advantages, inputs.loss_mask), returns
 
 
 def _distill_advantages(
-    shaped: torch.Tensor,
-    batch: RolloutBatch,
-    loss_mask: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    values: torch.Tensor | None,
-    teacher_logp: torch.Tensor | None = None,
+    inputs: AdvantageInputs,
     *,
-    reward_advantages: Callable,
+    reward_advantages: Callable[[AdvantageInputs], tuple[torch.Tensor, torch.Tensor | None]],
     kl_coef: float,
     reward_coef: float,
 ) -> tuple[torch.Tensor, None]:
@@ -644,11 +849,12 @@ def _distill_advantages(
     mask's tokens, plus reward_coef x the verifier's group advantage of the completion
     (computed only when reward_coef > 0). The student's log-probs are the batch's: those it
     sampled with."""
-    assert teacher_logp is not None, "on-policy distillation needs the teacher's log-probs"
-    kl_adv = algo.reverse_kl_advantages(batch.logprobs, teacher_logp, loss_mask)
-    reward_adv = torch.zeros(len(shaped))
+    assert inputs.teacher_logp is not None, "on-policy distillation needs the teacher's log-probs"
+    loss_mask = inputs.loss_mask
+    kl_adv = algo.reverse_kl_advantages(inputs.batch.logprobs, inputs.teacher_logp, loss_mask)
+    reward_adv = torch.zeros(len(inputs.shaped))
     if reward_coef > 0:
-        reward_adv, _ = reward_advantages(shaped, batch, loss_mask, ref_logp, values)
+        reward_adv, _ = reward_advantages(inputs)
     return algo.mixed_advantages(kl_adv, reward_adv, loss_mask, kl_coef, reward_coef), None
 
 

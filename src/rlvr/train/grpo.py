@@ -44,7 +44,13 @@ from rlvr.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rlvr.train.config import GRPOConfig, StepPlan, build_plan
+from rlvr.train.config import (
+    AdvantageInputs,
+    GRPOConfig,
+    StepPlan,
+    build_loop_plan,
+    build_plan,
+)
 from rlvr.train.distributed import (
     DistContext,
     all_ranks_agree,
@@ -101,7 +107,7 @@ def grpo_step(
     with timer("advantage"):
         values = learner.values(batch)  # [N, T] | None
         advantages, returns = plan.advantages(
-            shaped, batch, loss_mask, ref_logp, values, teacher_logp
+            AdvantageInputs(shaped, batch, loss_mask, ref_logp, values, teacher_logp)
         )
     # 5. rollout correction (off unless chosen): the learner's pi_old against the engine's
     #    behaviour log-probs; importance weights into the advantages, dropped tokens out of
@@ -207,11 +213,11 @@ def build_trainer(
     workers = strategy.update_workers(default_workers(model, config.cpu_workers, threads))
     plan = build_plan(config, workers, threads)
     teacher = None
-    if config.teacher is not None:
+    if config.distill.teacher is not None:
         weights_at = next(model.parameters())
         chunk = strategy.chunk_tokens(plan.logprob_chunk_tokens)
         teacher = load_teacher(
-            config.teacher,
+            config.distill.teacher,
             tokenizer,
             weights_at.device,
             weights_at.dtype,
@@ -228,7 +234,7 @@ def build_trainer(
         weight_decay=config.weight_decay,
         warmup_steps=config.warmup_steps,
         reference=plan.reference,
-        critic_lr=config.critic_lr if plan.critic else None,
+        critic_lr=config.critic.lr if plan.critic else None,
         dist_ctx=dist_ctx,
         strategy=strategy,
     )
@@ -281,13 +287,14 @@ def train_grpo(
     initial_eval: dict[str, float] | None = None,
     dist_ctx: DistContext | None = None,
 ) -> list[dict[str, Any]]:
-    """Run `config.steps` steps, logging to `run`; returns the metric records.
+    """Run the config's steps, logging to `run`; returns the metric records. The loop reads
+    only its `LoopPlan` (`build_loop_plan`); the step's switches are the trainer's `StepPlan`.
 
     `evaluate(model)` returns held-out metrics (logged under `eval/`), called before the first
     step (unless the caller passes that evaluation as `initial_eval`), on the schedule of
     `is_eval_step`, and after the last. `strict_reward_fn` (TRL signature) is the hacking
-    monitor's verifier: every `monitor_every` steps it re-scores a sample of the step's
-    completions, and a training reward above it by more than `monitor_gap` is logged
+    monitor's verifier: every `monitor.every` steps it re-scores a sample of the step's
+    completions, and a training reward above it by more than `monitor.gap` is logged
     (`monitor/*`) and warned about.
 
     Checkpoints go to `run.path/checkpoints` every `checkpoint_every` steps, at the end, and
@@ -304,22 +311,23 @@ def train_grpo(
     t = build_trainer(
         model, tokenizer, train_rows, reward_fns, config, seed, reward_weights, engine, ctx
     )
+    loop = build_loop_plan(config)
     monitor = HackingMonitor(
         strict_reward_fn,
         reward_fns[0],
-        config.monitor_every,
-        config.monitor_samples,
-        config.monitor_gap,
+        loop.monitor.every,
+        loop.monitor.samples,
+        loop.monitor.gap,
     )
     checkpoints = run.path / "checkpoints"
     last_eval = _resume_or_evaluate(
         t, model, run, evaluate, checkpoints if resume else None, initial_eval, ctx.is_main
     )
     start, stop, nonfinite_in_a_row = time.perf_counter(), StopRequest(), 0
-    zero_reward = ZeroRewardWatch(config.abort_zero_reward_steps)
+    zero_reward = ZeroRewardWatch(loop.abort_zero_reward_steps)
     bar = tqdm(
-        range(t.state.step + 1, config.steps + 1),
-        desc=config.advantage_estimator,
+        range(t.state.step + 1, loop.steps + 1),
+        desc=loop.label,
         disable=not (progress and ctx.is_main),
     )
     with stop.installed(), _update_threads(t.plan), _closing(t, checkpoints, run):
@@ -329,36 +337,36 @@ def train_grpo(
             nonfinite_in_a_row = (
                 nonfinite_in_a_row + 1 if "update/nonfinite" in result.metrics else 0
             )
-            _stop_if_diverging(step, nonfinite_in_a_row, config.max_nonfinite_steps, checkpoints)
+            _stop_if_diverging(step, nonfinite_in_a_row, loop.max_nonfinite_steps, checkpoints)
             zero_reward(step, result.metrics, len(result.rewards))  # the same on every rank
             if not {"update/skipped", "update/nonfinite"} & result.metrics.keys():
                 t.state.scheduler.step()
             t.learner.sync_reference(step)
             # decisions every rank must take alike: the ranks' clocks and signals may differ
-            out_of_time = 0 < config.max_seconds <= time.perf_counter() - start
+            out_of_time = 0 < loop.max_seconds <= time.perf_counter() - start
             out_of_time = not all_ranks_agree(not out_of_time, ctx)
             stop.requested = not all_ranks_agree(not stop.requested, ctx)
             if ctx.is_main:
                 record = {"step": step, **result.metrics, **device_memory(model)}
                 record |= monitor(step, result.batch, result.rewards)
-                if out_of_time or is_eval_step(step, config.eval_every, config.steps):
+                if out_of_time or is_eval_step(step, loop.eval_every, loop.steps):
                     record |= {f"eval/{k}": v for k, v in evaluate(model).items()}
                     last_eval = record
                 record["time/elapsed_s"] = time.perf_counter() - start
                 run.log_metrics(record)
                 run.log_samples(
-                    sample_records(step, result.batch, result.rewards, config.samples_per_step)
+                    sample_records(step, result.batch, result.rewards, loop.samples_per_step)
                 )
                 bar.set_postfix(
                     reward=f"{record['reward/mean']:.2f}",
                     acc=f"{last_eval.get('eval/greedy_acc', float('nan')):.2f}",
                     s_per_step=f"{record['time/step_s']:.2f}",
                 )
-            every, last = config.checkpoint_every, step == config.steps or out_of_time
+            every, last = loop.checkpoint_every, step == loop.steps or out_of_time
             if last or (every > 0 and step % every == 0) or stop.requested:
                 t.rollout.drain()  # queued sampling at rest: the generator and rows are still
                 t.state.data_position = t.rollout.consumed
-                _checkpoint(checkpoints, t.state, config.keep_checkpoints)
+                _checkpoint(checkpoints, t.state, loop.keep_checkpoints)
             if out_of_time:
                 break
             stop.raise_if_requested(step, run)

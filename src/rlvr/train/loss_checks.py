@@ -63,7 +63,7 @@ from rlvr.models.tiny import (
 )
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train import update
-from rlvr.train.config import GRPOConfig, StepPlan, build_plan
+from rlvr.train.config import AdvantageInputs, Distill, GRPOConfig, StepPlan, build_plan
 from rlvr.train.distributed import DistContext
 from rlvr.train.strategy import make_strategy
 from rlvr.workers import torch_threads
@@ -230,7 +230,9 @@ def _prepare(plan: StepPlan, probe: _Probe, rewards: Tensor | None = None) -> _S
     batch = probe.batch
     shaped = plan.shape_rewards(probe.rewards if rewards is None else rewards, batch.lengths)
     loss_mask = plan.loss_mask(batch.completion_mask, batch.truncated)
-    advantages, _ = plan.advantages(shaped, batch, loss_mask, probe.ref_logp, probe.values)
+    advantages, _ = plan.advantages(
+        AdvantageInputs(shaped, batch, loss_mask, probe.ref_logp, probe.values)
+    )
     if plan.correct is not None:
         batch, advantages, loss_mask, _ = plan.correct(batch, advantages, loss_mask, probe.pi_old)
     return _StepInputs(batch, advantages, loss_mask, probe.ref_logp)
@@ -392,11 +394,9 @@ def check_loss(config: GRPOConfig, seed: int = 0) -> list[CheckResult]:
     impossible config is a `ConfigError` naming every impossible setting."""
     if config.max_new_tokens is None:
         config = dataclasses.replace(config, max_new_tokens=CHECK_MAX_NEW_TOKENS)
-    teacher = config.teacher
+    teacher = config.distill.teacher
     if teacher is not None:  # the loss is checked as it is; the teacher's advantages are not
-        config = dataclasses.replace(
-            config, teacher=None, distill_kl_coef=1.0, distill_reward_coef=0.0
-        )
+        config = dataclasses.replace(config, distill=Distill())
     try:
         plan = build_plan(config)
     except ValueError as exc:
@@ -572,7 +572,8 @@ def _check_dr_grpo(config: GRPOConfig, plan: StepPlan, probe: _Probe, seed: int)
     passed = max(diffs) <= EXACT_RTOL
     if config.advantage_estimator == "dr_grpo":
         rewards, wide = probe.rewards, _float64(probe)
-        adv, _ = plan.advantages(rewards, wide.batch, mask, _zero_kl_reference(wide), wide.values)
+        inputs = AdvantageInputs(rewards, wide.batch, mask, _zero_kl_reference(wide), wide.values)
+        adv, _ = plan.advantages(inputs)
         no_std = relative_difference(adv, group_centred(rewards, batch.group_ids))
         passed = passed and no_std <= EXACT_RTOL
         detail += f"; A = r - group mean (no std): max rel |d| = {no_std:.1e}"
@@ -609,8 +610,9 @@ def _check_rloo(config: GRPOConfig, plan: StepPlan, probe: _Probe) -> CheckResul
     probe = _float64(probe)
     batch = probe.batch
     rewards = _with_constant_group(probe.rewards, batch.group_ids)
+    mask = batch.completion_mask.double()
     adv, _ = plan.advantages(
-        rewards, batch, batch.completion_mask.double(), _zero_kl_reference(probe), probe.values
+        AdvantageInputs(rewards, batch, mask, _zero_kl_reference(probe), probe.values)
     )
     diff = relative_difference(adv, rloo_expected(rewards, batch.group_ids))
     n = config.group_size
