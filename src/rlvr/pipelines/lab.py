@@ -72,9 +72,9 @@ from rlvr.train.distributed import (
     main_first,
 )
 from rlvr.train.evaluate import HeldOutSamples, held_out_accuracy, held_out_samples
+from rlvr.train.lora_state import check_reference_sync
 from rlvr.train.monitor import never_parsed_warning, unparsed_share
 from rlvr.train.recipes import recipe_config
-from rlvr.train.reference import check_reference_sync
 
 
 @dataclass(frozen=True)

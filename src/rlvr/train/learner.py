@@ -36,8 +36,8 @@ from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.agreement import AgreementCheck, check_agreement
 from rlvr.train.config import StepPlan
 from rlvr.train.distributed import reshard
-from rlvr.train.lora_state import scoring_reference
-from rlvr.train.reference import check_reference_sync, sync_reference
+from rlvr.train.lora_state import check_reference_sync, scoring_reference
+from rlvr.train.reference import sync_reference
 from rlvr.train.state import TrainState
 from rlvr.train.teacher import Teacher
 from rlvr.train.update import (

@@ -3,6 +3,7 @@
 A LoRA policy trains only its adapters over a frozen base, and the code around it is told so by
 calling these, not by testing `is_lora` itself:
 
+- `check_reference_sync`: such a reference cannot be synced toward the policy (refused);
 - `make_reference`: the KL reference is the policy's own base (adapters disabled,
   `reference_is_base`), not a frozen copy;
 - `scoring_reference`: the model a reference forward runs (the copy, the adapters-off policy in
@@ -53,6 +54,16 @@ def make_reference(policy: torch.nn.Module, wanted: bool) -> tuple[torch.nn.Modu
     if is_lora(policy):
         return None, True
     return copy.deepcopy(policy).eval().requires_grad_(False), False
+
+
+def check_reference_sync(reference_is_base: bool, every: int) -> None:
+    """ValueError when a reference that is the LoRA policy's base would be synced (every > 0)."""
+    if reference_is_base and every > 0:
+        raise ValueError(
+            f"ref_sync_every={every} cannot be used with LoRA: the reference is the policy's "
+            "frozen base model (adapters disabled), which cannot be moved toward the policy; "
+            "set ref_sync_every=0 (--grpo.ref-sync-every 0) or train without LoRA"
+        )
 
 
 @contextlib.contextmanager

@@ -5,8 +5,8 @@ pure formulas of ``algo/``; ``alpha`` is passed in flat. It mutates the referenc
 ``no_grad``.
 
 A LoRA policy's reference is its own frozen base (adapters disabled), which cannot move toward
-the policy without moving the policy too: ``check_reference_sync`` refuses that combination,
-and the learner calls it when it is built, before any step runs.
+the policy without moving the policy too: ``lora_state.check_reference_sync`` refuses that
+combination, and the learner calls it when it is built, before any step runs.
 """
 
 from __future__ import annotations
@@ -14,17 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["check_reference_sync", "sync_reference"]
-
-
-def check_reference_sync(reference_is_base: bool, every: int) -> None:
-    """ValueError when a reference that is the LoRA policy's base would be synced (every > 0)."""
-    if reference_is_base and every > 0:
-        raise ValueError(
-            f"ref_sync_every={every} cannot be used with LoRA: the reference is the policy's "
-            "frozen base model (adapters disabled), which cannot be moved toward the policy; "
-            "set ref_sync_every=0 (--grpo.ref-sync-every 0) or train without LoRA"
-        )
+__all__ = ["sync_reference"]
 
 
 @torch.no_grad()
