@@ -378,9 +378,9 @@ def build_base_model(
     """Return (directory of the base model, whether it came from the cache); its training's
     progress bar shows unless `log` is quiet (default: `--progress`)."""
     task_config, base = _base_settings(config)
-    progress = config.place.progress if log is None else log.progress
+    log = RunLog(config.place.progress) if log is None else log
     return cached_base_model(
-        config.task.name, task, task_config, config.tiny, base, config.cache_dir, progress
+        config.task.name, task, task_config, config.tiny, base, config.cache_dir, log
     )
 
 
