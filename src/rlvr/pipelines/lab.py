@@ -112,7 +112,8 @@ class LabConfig:
     """Training reward: strict (the math verifier) or weak (substring match, gameable: a
     demonstration of reward hacking). Held-out accuracy and the monitor always use strict."""
     recipe: Annotated[str | None, tyro.conf.Suppress] = None
-    """The named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) `grpo` starts from;
+    """The named recipe (`rlvr recipes`: grpo, rloo, dr_grpo, dapo, gspo, cispo, gmpo, opd,
+    reinforce++, ppo) `grpo` starts from;
     on the command line the subcommand `rlvr train RECIPE`, whose flags override the recipe's
     switches. A `LabConfig(recipe=NAME)` whose `grpo` is left out (every field
     `GRPOConfig`'s default) gets the recipe's config (`recipe_lab_config`); a `grpo` given
@@ -386,7 +387,7 @@ def build_base_model(
 
 def run_lab(config: LabConfig) -> dict:
     """The whole lab; returns the summary written to summary.json. `config` is resolved first
-    (`resolve`: resume, recipe, --set, derived fields, checks), as the CLI's is."""
+    (`resolve`: resume, --set, derived fields, checks), as the CLI's is."""
     config, task = _resolve(config)
     if config.resume is not None:
         print(f"[rlvr] resuming {config.resume} with its saved config.yaml")
