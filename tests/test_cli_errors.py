@@ -191,6 +191,11 @@ CASES = [
     ("sft-data-empty", "sft --data {in}/empty.jsonl", "empty.jsonl"),
     ("sft-data-malformed", "sft --data {in}/broken.jsonl", "broken.jsonl:1"),
     ("sft-task-without-steps", "sft --task arithmetic", "--steps"),
+    (
+        "sft-held-out-too-large",
+        "sft --task arithmetic --steps 2 --arithmetic.digits 1",
+        "--arithmetic.held-out-size 200",
+    ),
     ("sft-batch-size-0", "sft --data {in}/pairs.jsonl --batch-size 0", "batch_size"),
     ("sft-lr-negative", "sft --data {in}/pairs.jsonl --lr -1", "--lr"),
     ("sft-not-a-model", "sft --data {in}/pairs.jsonl --model {in}/empty_dir", "config.json"),

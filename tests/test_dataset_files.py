@@ -11,7 +11,7 @@ import pytest
 from rlvr.cli import main
 from rlvr.config import UserError
 from rlvr.report.run_dir import read_jsonl
-from rlvr.tasks import data_sources, jsonl
+from rlvr.tasks import data_sources, jsonl, registry
 from rlvr.tasks.dataset_files import (
     INSTALL,
     MissingDataDependency,
@@ -20,7 +20,7 @@ from rlvr.tasks.dataset_files import (
     task_spec,
 )
 from rlvr.tasks.layouts import DataFileError
-from rlvr.tasks.registry import build_task
+from rlvr.tasks.registry import TaskChoice
 from rlvr.tasks.rewards import reward_columns, total_rewards
 from tests.helpers import TINY_MODEL_FLAGS
 
@@ -250,14 +250,14 @@ def test_rlvr_rows_in_jsonl_are_read_as_before(tmp_path):
         for i in range(6)
     ]
     path = write_jsonl(tmp_path / "rows.jsonl", rows)
-    new, old = build_task(str(path), seed=3), jsonl.task_spec(str(path), seed=3)
+    new, old = registry.task_spec(TaskChoice(str(path)), seed=3), jsonl.task_spec(str(path), seed=3)
     assert new.name == old.name == "jsonl" and new.describe == old.describe == "rows.jsonl"
     assert new.held_out_rows() == old.held_out_rows()
     assert new.max_new_tokens == old.max_new_tokens and new.reward_fn is old.reward_fn
     # and its refusals are jsonl's own, word for word
     path.write_text('{"prompt": "a", "answer": "1"}\n{"prompt": "b", "solution": "2"}\n')
     with pytest.raises(jsonl.JSONLError) as info:
-        build_task(str(path))
+        registry.task_spec(TaskChoice(str(path)))
     assert (
         str(info.value)
         == f"{path}:2: missing field 'answer' (fields present: 'prompt', 'solution')"
@@ -285,7 +285,9 @@ def test_columns_map_a_dotted_path_and_turn_detection_off(tmp_path):
         {"prompt": "What is 2+3?", "answer": "5"},
         {"prompt": "What is 1+3?", "answer": "4"},
     ]
-    task = build_task(str(path), columns="prompt=question,answer=reward_model.ground_truth")
+    task = registry.task_spec(
+        TaskChoice(str(path), "prompt=question,answer=reward_model.ground_truth")
+    )
     assert task.reward_fn.__name__ == "math_reward"
 
 
@@ -311,7 +313,7 @@ def test_a_bad_columns_spec_names_the_flag_and_the_files_columns(tmp_path, spec,
 
 def test_columns_are_only_for_files():
     with pytest.raises(ValueError, match="--columns 'prompt=q' maps a dataset file's columns"):
-        build_task("arithmetic", columns="prompt=q")
+        registry.task_spec(TaskChoice("arithmetic", columns="prompt=q"))
 
 
 # --- bad input: file, row and field named -------------------------------------------------------
@@ -396,7 +398,7 @@ def test_a_missing_optional_dependency_says_how_to_install_it(tmp_path, monkeypa
 
 def test_the_unknown_task_message_lists_the_file_kinds_and_reasoning_gym():
     with pytest.raises(ValueError) as info:
-        build_task("poetry")
+        registry.task_spec(TaskChoice("poetry"))
     message = str(info.value)
     assert ".parquet" in message and "a directory saved by datasets" in message
     assert "reasoning_gym:NAME" in message

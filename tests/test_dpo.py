@@ -17,6 +17,7 @@ from rlvr.pipelines.base_model import BaseConfig
 from rlvr.pipelines.common import user_task
 from rlvr.pipelines.dpo import (
     DPOConfig,
+    DPOPlace,
     DPOStage,
     _model_dir,
     check_dpo_config,
@@ -94,8 +95,7 @@ def test_a_three_step_run_writes_its_directory_and_the_loss_goes_down(tmp_path, 
         lr=3e-3,
         beta=0.5,
         eval_every=0,
-        progress=False,
-        device="cpu",
+        place=DPOPlace(device="cpu", progress=False),
     )
     run = RunDirectory(tmp_path, "run")
     model_dir = dpo_run(
@@ -124,8 +124,7 @@ def test_iterated_dpo_samples_a_new_pool_every_k_steps(tmp_path, tiny_model_dir)
         prompts_per_round=4,
         iterate_every=2,
         eval_every=0,
-        progress=False,
-        device="cpu",
+        place=DPOPlace(device="cpu", progress=False),
     )
     run = RunDirectory(tmp_path, "run")
     dpo_run(config, _toy_task(), tiny_model_dir, run, resolve_precision("cpu", "float32"))
@@ -138,7 +137,7 @@ def test_a_model_whose_samples_give_no_pairs_is_refused_naming_the_flag(tmp_path
     task = _toy_task()
     never = TaskSpec(**{**task.__dict__, "score": lambda completion, row: 0.0})
     run = RunDirectory(tmp_path, "run")
-    config = DPOConfig(steps=1, prompts_per_round=2, progress=False, eval_every=0)
+    config = DPOConfig(steps=1, prompts_per_round=2, place=DPOPlace(progress=False), eval_every=0)
     with pytest.raises(ConfigError, match="--samples-per-prompt"):
         dpo_run(config, never, tiny_model_dir, run, resolve_precision("cpu", "float32"))
 
@@ -173,8 +172,8 @@ def test_run_dpo_refuses_a_model_that_is_not_a_directory(tmp_path):
 def test_model_lab_is_the_labs_cached_base(tmp_path, monkeypatch, task, base):
     # `--model lab` trains (or finds) the base `rlvr lab` would: the same cache key and directory
     monkeypatch.setenv("RLVR_CACHE", str(tmp_path / "cache"))
-    config = DPOConfig(task=task, tiny=SHAPE, base=base, progress=False)
-    directory = _model_dir(config, user_task(task, config.arithmetic, config.reasoning))
+    config = DPOConfig(task=task, tiny=SHAPE, base=base, place=DPOPlace(progress=False))
+    directory = _model_dir(config, user_task(config.task))
     lab = LabConfig(task=TaskChoice(task), tiny=SHAPE, base=base, place=RunPlace(progress=False))
     assert directory == lab_base_dir(lab)
     assert (directory / "config.json").exists()

@@ -8,14 +8,19 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlvr.cli import parse_args, parse_lab
 from rlvr.config import ConfigError, RunPlace, UserError, from_dict, read_yaml, to_dict
+from rlvr.pipelines.dpo import DPOConfig, DPOPlace
 from rlvr.pipelines.evaluate import EvalConfig
 from rlvr.pipelines.lab import LabConfig, lab_task
+from rlvr.pipelines.resume import resumed_config
 from rlvr.pipelines.sample import SampleConfig
+from rlvr.pipelines.sft import SFT_RESUME_FREE, SFTConfig, SFTTask
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from rlvr.tasks.registry import TaskChoice, build_task, task_spec
+from rlvr.tasks.reasoning import ReasoningTaskConfig
+from rlvr.tasks.registry import TaskChoice, task_spec
 
 COURSE = Path(__file__).resolve().parents[1] / "course" / "results"
 
@@ -55,8 +60,6 @@ def test_the_registry_dispatches_on_the_choice():
     choice = TaskChoice(arithmetic=ArithmeticTaskConfig(digits=1, held_out_size=5))
     spec = task_spec(choice, seed=0)
     assert spec.name == "arithmetic" and len(spec.held_out_rows()) == 5
-    flat = build_task("arithmetic", ArithmeticTaskConfig(digits=1, held_out_size=5))
-    assert flat.held_out_rows() == spec.held_out_rows()
     assert task_spec(TaskChoice("code")).name == "code"
     with pytest.raises(ValueError, match="--columns 'prompt=q' maps a dataset file"):
         task_spec(TaskChoice("arithmetic", columns="prompt=q"))
@@ -99,3 +102,62 @@ def test_a_task_name_alone_is_a_choice():
     # course/lab.md's library call: LabConfig(task="rows.jsonl", ...)
     assert LabConfig(task="rows.jsonl").task == TaskChoice("rows.jsonl")
     assert LabConfig(task="reasoning") == LabConfig(task=TaskChoice("reasoning"))
+
+
+def test_sft_and_dpo_flags_land_in_the_parts():
+    sft = parse_args(
+        SFTConfig,
+        ["--task", "arithmetic", "--arithmetic.digits", "1", "--seed", "3", "--threads", "1"]
+        + ["--device", "cpu", "--dtype", "float32", "--no-progress", "--overwrite"],
+        "rlvr sft",
+    )
+    assert sft.place == RunPlace("cpu", "float32", 1, 3, False, True)
+    assert sft.task == SFTTask("arithmetic", arithmetic=ArithmeticTaskConfig(digits=1))
+    dpo = parse_args(
+        DPOConfig,
+        ["--task", "reasoning", "--reasoning.digits", "2", "--seed", "4", "--device", "cpu"]
+        + ["--columns", "prompt=q"],
+        "rlvr dpo",
+    )
+    assert dpo.place == DPOPlace(device="cpu", seed=4) and dpo.place.dtype == "float32"
+    assert (dpo.task.name, dpo.task.reasoning.digits) == ("reasoning", 2)
+    assert dpo.task.columns == "prompt=q"  # new: --columns, as `rlvr train` takes it
+
+
+def test_sft_has_no_task_by_default_and_hides_what_it_lacks():
+    assert SFTConfig().task == SFTTask() and SFTConfig().task.name is None
+    assert parse_args(SFTConfig, ["--data", "d.jsonl"], "rlvr sft").task.name is None
+    assert SFTConfig(task="code").task == SFTTask("code")  # a name alone, in Python
+    with pytest.raises(UserError, match="Unrecognized options: --reasoning.digits"):
+        parse_args(SFTConfig, ["--reasoning.digits", "2"], "rlvr sft")
+    with pytest.raises(UserError, match="Unrecognized options: --dtype"):
+        parse_args(DPOConfig, ["--dtype", "bfloat16"], "rlvr dpo")
+
+
+def test_the_flat_sft_and_dpo_layouts_load():
+    flat = {"seed": 3, "threads": 1, "progress": False, "overwrite": False, "device": "cpu"}
+    sft = from_dict(
+        SFTConfig,
+        {**flat, "dtype": "float32", "task": "arithmetic", "columns": None}
+        | {"arithmetic": {"digits": 1}, "steps": 5},
+    )
+    assert sft.place == RunPlace("cpu", "float32", 1, 3, False, False)
+    assert sft.task == SFTTask("arithmetic", arithmetic=ArithmeticTaskConfig(digits=1))
+    assert sft.steps == 5 and from_dict(SFTConfig, to_dict(sft)) == sft
+    assert from_dict(SFTConfig, {"data": "d.jsonl", "task": None}).task == SFTTask()
+    dpo = from_dict(DPOConfig, {**flat, "task": "reasoning", "reasoning": {"digits": 2}})
+    assert dpo.place == DPOPlace("cpu", "float32", 1, 3, False, False)
+    assert dpo.task == TaskChoice("reasoning", reasoning=ReasoningTaskConfig(digits=2))
+    assert from_dict(DPOConfig, to_dict(dpo)) == dpo
+
+
+def test_a_resume_of_a_flat_saved_sft_run_names_flags_as_spelled(tmp_path):
+    saved = {"data": "d.jsonl", "steps": 5, "seed": 3, "device": "cpu", "threads": 1}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(saved | {"overwrite": False}))
+    given = SFTConfig(place=RunPlace(device="cuda", threads=4, seed=3, progress=False))
+    config = resumed_config(given, tmp_path, SFT_RESUME_FREE, "rlvr sft")
+    assert (config.data, config.steps, config.place.seed) == ("d.jsonl", 5, 3)
+    assert config.place == RunPlace(device="cuda", threads=4, seed=3, progress=False)
+    other = SFTConfig(place=RunPlace(seed=7), task="code", lr=0.5)
+    with pytest.raises(ConfigError, match="so they are refused: task, lr, seed$"):
+        resumed_config(other, tmp_path, SFT_RESUME_FREE, "rlvr sft")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rlvr.cli import main
+from rlvr.config import RunPlace
 from rlvr.models.chat import format_prompt
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, load_model
 from rlvr.pipelines.sft import SFTConfig, add_lora, run_sft
@@ -30,6 +31,7 @@ from tests.helpers import TINY_MODEL_FLAGS
 from tests.test_cli import cli_error
 
 TINY = TinyModelConfig(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+QUIET_PLACE = RunPlace(progress=False)
 X = IGNORE_INDEX
 
 
@@ -131,7 +133,7 @@ def test_sft_raises_held_out_likelihood_beyond_letter_frequencies(tmp_path):
         steps=40,
         batch_size=8,
         lr=3e-3,
-        progress=False,
+        place=QUIET_PLACE,
         tiny=TinyModelConfig(hidden_size=48, num_layers=2, num_heads=4, intermediate_size=192),
     )
     model_dir = run_sft(config, tmp_path / "run")
@@ -174,7 +176,7 @@ def test_lora_trains_adapters_only_and_merges_exactly(tmp_path):
 
     data = write_pairs(tmp_path / "pairs.jsonl", pairs)
     out = run_sft(
-        SFTConfig(data=str(data), steps=2, batch_size=2, lora_rank=2, tiny=TINY, progress=False),
+        SFTConfig(data=str(data), steps=2, batch_size=2, lora_rank=2, tiny=TINY, place=QUIET_PLACE),
         tmp_path / "lora",
     )
     assert not (out / "adapter_config.json").exists()  # a plain HF directory

@@ -22,6 +22,7 @@ from rlvr.models.tiny import (
     check_tiny,
     save_model,
 )
+from rlvr.report.run_log import RunLog
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.sft import train_next_token
 
@@ -105,7 +106,7 @@ def base_model_key(
     task: str, task_config: object | None, tiny: TinyModelConfig, base: BaseConfig
 ) -> str:
     """Hash of everything that determines a base model's weights: the task's name (as
-    `rlvr.tasks.registry.build_task` takes it) and config (a dataclass for arithmetic and
+    `rlvr.tasks.registry.TaskChoice.name` gives it) and config (a dataclass for arithmetic and
     reasoning; for a dataset file its `--columns` mapping, with the file's content hash;
     ignored for the others), the model's shape and the `BaseConfig` fields of
     `base`, its `hedge_prob` resolved to a number."""
@@ -158,11 +159,12 @@ def cached_base_model(
     tiny: TinyModelConfig,
     base: BaseConfig,
     cache_dir: str | None = None,
-    progress: bool = True,
+    log: RunLog | None = None,
 ) -> tuple[Path, bool]:
     """(directory of the base model, whether it came from the cache) of task `task`, whose
     spec is `spec` (built from `task_config`): trained by `train_cached_base` into
-    `base_model_dir` unless the cache has it. `base.hedge_prob` must be resolved."""
+    `base_model_dir` unless the cache has it, its progress bar shown unless `log` is quiet
+    (None: shown). `base.hedge_prob` must be resolved."""
     directory = base_model_dir(task, task_config, tiny, base, cache_dir)
     cached = train_cached_base(
         directory,
@@ -173,7 +175,7 @@ def cached_base_model(
         steps=base.steps,
         batch_size=base.batch_size,
         lr=base.lr,
-        progress=progress,
+        progress=log is None or log.progress,
     )
     return directory, cached
 

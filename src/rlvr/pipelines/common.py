@@ -20,7 +20,7 @@ from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
 from rlvr.report.run_log import RunLog
 from rlvr.tasks.reasoning import ReasoningTaskConfig
-from rlvr.tasks.registry import TaskChoice, build_task, task_spec
+from rlvr.tasks.registry import TaskChoice, task_spec
 from rlvr.tasks.spec import TaskSpec
 
 TRAIN_ROWS_SEED_OFFSET = 10_000
@@ -49,19 +49,23 @@ class TaskError(UserError, ValueError):
     """A task name or task file that cannot be used (unknown task, too few distinct rows)."""
 
 
-def user_task(task: TaskChoice | str, *args: Any, **kwargs: Any) -> TaskSpec:
-    """The TaskSpec of `task` (`registry.task_spec(task, hedge_prob=..., seed=...)`; a task
-    name with flat arguments: `registry.build_task(name, ...)`, as sft and dpo call it), with
-    the registry's refusals (an unknown task, an unusable task file) as `TaskError`; a
-    malformed JSONL file is a `JSONLError`, a user error already."""
+def user_task(task: TaskChoice, *, hedge_prob: float = 0.0, seed: int = 0) -> TaskSpec:
+    """The TaskSpec of `task` (`registry.task_spec`), with the registry's refusals (an unknown
+    task, an unusable task file) as `TaskError`; a malformed JSONL file is a `JSONLError`, a
+    user error already."""
     try:
-        if isinstance(task, TaskChoice):
-            return task_spec(task, *args, **kwargs)
-        return build_task(task, *args, **kwargs)
+        return task_spec(task, hedge_prob=hedge_prob, seed=seed)
     except UserError:
         raise
     except ValueError as exc:
         raise TaskError(str(exc)) from exc
+
+
+def field_at(config: Any, path: str) -> Any:
+    """The value at the dotted field path `path` of the dataclass `config` (`place.seed`)."""
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
 
 
 def model_flag(directory: str | Path, flag: str = "--model", hint: str = "") -> Path:
@@ -108,11 +112,6 @@ class PipelineContext:
     seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall seconds
     last_model: str | None = None  # the most recent stage's model directory
     report_to: tuple[str, ...] = ()  # trackers of every GRPO stage (`parse_report_to`)
-
-    @property
-    def progress(self) -> bool:
-        """Whether progress bars show (`log.progress`), for stages that take a flag."""
-        return self.log.progress
 
     def model_of(self, stage: str | None) -> str:
         """The model directory of `stage` (None: the latest model-producing stage)."""

@@ -33,11 +33,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import torch
+import tyro
 
-from rlvr.config import ConfigError, to_dict
+from rlvr.config import ConfigError, RunPlace, to_dict
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig, load_model, save_model
 from rlvr.pipelines.base_model import (
@@ -50,14 +51,15 @@ from rlvr.pipelines.base_model import (
 from rlvr.pipelines.common import (
     TRAIN_ROWS_SEED_OFFSET,
     PipelineContext,
+    field_at,
     model_flag,
     user_task,
 )
 from rlvr.pipelines.resume import resumed_config
 from rlvr.report.run_dir import RunDirectory, read_jsonl
+from rlvr.report.run_log import RunLog
 from rlvr.report.stats import wilson_interval
-from rlvr.tasks.arithmetic import ArithmeticTaskConfig
-from rlvr.tasks.reasoning import ReasoningTaskConfig
+from rlvr.tasks.registry import TaskChoice
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.distributed import DistContext, barrier, destroy, init_distributed, main_first
 from rlvr.train.dpo import PairPool, sample_pair_pool, train_dpo
@@ -68,6 +70,14 @@ LOSS_TYPES = ("sigmoid", "ipo")
 
 
 @dataclass(frozen=True)
+class DPOPlace(RunPlace):
+    """`RunPlace` for `rlvr dpo`: it trains in float32, so its precision is no flag."""
+
+    dtype: Annotated[str, tyro.conf.Suppress] = "float32"
+    """Not a flag of `rlvr dpo`: float32 compute."""
+
+
+@dataclass(frozen=True)
 class DPOConfig:
     """`rlvr dpo`: DPO (or IPO) on (correct, wrong) pairs of the model's own verified samples;
     writes a run directory with model/."""
@@ -75,14 +85,14 @@ class DPOConfig:
     model: str = "lab"
     """A local Hugging Face model directory, or "lab" for the lab's cached base model of --task
     (built as `rlvr lab` builds it, from --base.*, --tiny.* and the task's settings)."""
-    task: str = "arithmetic"
-    """The task whose training prompts are sampled and whose strict verifier grades them
-    (arithmetic, reasoning, ...: any task of `rlvr lab --task`)."""
+    task: Annotated[TaskChoice, tyro.conf.arg(name="")] = field(default_factory=TaskChoice)
+    """The task whose training prompts are sampled and whose strict verifier grades them, with
+    its generators' options (flags without a prefix: --task, --columns, --arithmetic.*,
+    --reasoning.*: any task of `rlvr lab --task`); in Python a task name alone
+    (`task="reasoning"`) is `TaskChoice("reasoning")`."""
     run_dir: str = "runs/dpo"
     """The run directory to write (config.yaml, metrics.jsonl, pools.jsonl, summary.json,
     model/)."""
-    overwrite: bool = False
-    """Replace an existing run directory."""
     resume: str | None = None
     """A run directory to continue from its newest complete checkpoint with the run's saved
     config.yaml (`rlvr dpo --resume runs/NAME`); other settings are refused unless they equal
@@ -126,20 +136,25 @@ class DPOConfig:
     """Sampled completions per held-out problem for eval/sampled_acc (at --temperature)."""
     eval_seed: int = 1
     """Seed of eval/sampled_acc's sampling."""
-    seed: int = 0
-    """Seed of the prompts, the sampling of pairs and their order."""
-    device: str = "auto"
-    """Where the model trains: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
-    threads: int = 2
-    """CPU threads (torch.set_num_threads; the CPU only)."""
-    progress: bool = True
-    """Show progress bars."""
+    place: Annotated[DPOPlace, tyro.conf.arg(name="")] = field(default_factory=DPOPlace)
+    """Device, CPU threads, seed (of the prompts, the sampling of pairs and their order),
+    progress bars and --overwrite, without a prefix."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     """The lab base's shape (with --model lab)."""
     base: BaseConfig = field(default_factory=BaseConfig)
     """The lab base's pretraining (with --model lab)."""
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
-    reasoning: ReasoningTaskConfig = field(default_factory=ReasoningTaskConfig)
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{key: f"place.{key}" for key in ("device", "threads", "seed", "progress", "overwrite")},
+        "task": "task.name",
+        **{key: f"task.{key}" for key in ("arithmetic", "reasoning")},
+    }
+    """Keys of the flat layout (config.yaml of runs before `place` and `task` were nested) and
+    where they live now; `from_dict` moves them, so those runs resume."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.task, str):  # `DPOConfig(task="reasoning")`: the task's name alone
+            object.__setattr__(self, "task", TaskChoice(self.task))
 
 
 def check_dpo_config(config: DPOConfig) -> None:
@@ -187,8 +202,16 @@ def dpo_completions(config: DPOConfig) -> int:
 # --- rlvr dpo ----------------------------------------------------------------------------
 
 
-DPO_RESUME_FREE = ("resume", "run_dir", "overwrite", "progress", "device", "threads")
-"""`DPOConfig` fields a resume takes from the call, not from the saved config.yaml."""
+DPO_RESUME_FREE = (
+    "resume",
+    "run_dir",
+    "place.overwrite",
+    "place.progress",
+    "place.device",
+    "place.threads",
+)
+"""`DPOConfig` fields (dotted paths) a resume takes from the call, not from the saved
+config.yaml."""
 DIST_TIMEOUT_S = 600.0
 """How long a collective waits for the other torchrun ranks before failing."""
 
@@ -196,7 +219,7 @@ DIST_TIMEOUT_S = 600.0
 def resume_dpo_config(config: DPOConfig) -> DPOConfig:
     """The saved config of the run `config.resume`, to continue it there (`resumed_config`)."""
     assert config.resume is not None
-    if config.overwrite:
+    if config.place.overwrite:
         raise ConfigError("rlvr dpo: --resume continues a run; drop --overwrite (or --resume)")
     saved = resumed_config(config, config.resume, DPO_RESUME_FREE, "rlvr dpo")
     return replace(saved, run_dir=str(config.resume))
@@ -209,12 +232,12 @@ def run_dpo(config: DPOConfig) -> Path:
     if config.resume is not None:
         config = resume_dpo_config(config)
     check_dpo_config(config)
-    precision = resolve_precision(config.device, "float32")
+    precision = resolve_precision(config.place.device, config.place.dtype)
     ctx = init_distributed(precision.device, DIST_TIMEOUT_S)  # torchrun's ranks, if any
     precision = replace(precision, device=ctx.device)
     try:
         with on_device(precision):
-            task = user_task(config.task, config.arithmetic, config.reasoning, seed=config.seed)
+            task = user_task(config.task, seed=config.place.seed)
             with main_first(ctx, "the base model"):
                 model_dir = _model_dir(config, task)
             path, resume = Path(config.run_dir), config.resume is not None
@@ -222,7 +245,7 @@ def run_dpo(config: DPOConfig) -> Path:
                 run = RunDirectory(
                     path.parent,
                     path.name,
-                    overwrite=config.overwrite and ctx.is_main,
+                    overwrite=config.place.overwrite and ctx.is_main,
                     resume=resume or not ctx.is_main,
                     claim=ctx.is_main,  # one live run per directory
                 )
@@ -242,10 +265,11 @@ def _model_dir(config: DPOConfig, task: TaskSpec) -> Path:
         return model_flag(config.model, hint=" (or --model lab: the lab's base)")
     check_base(task, config.base)
     check_shape(task, config.tiny)
-    task_config = {"arithmetic": config.arithmetic, "reasoning": config.reasoning}.get(config.task)
+    task_config = config.task.generator_config()  # a dataset file: its column mapping
     base = replace(config.base, hedge_prob=resolved_hedge_prob(config.base.hedge_prob, "strict"))
+    log = RunLog(config.place.progress)
     directory, _ = cached_base_model(
-        config.task, task, task_config, config.tiny, base, progress=config.progress
+        config.task.name, task, task_config, config.tiny, base, log=log
     )
     return directory
 
@@ -268,15 +292,16 @@ def dpo_run(
     checkpoints = run.path / "checkpoints"
     pools_path = run.path / "pools.jsonl"
     if main:
-        run.write_config(to_dict(replace(config, resume=None, overwrite=False)))
+        written = replace(config, resume=None, place=replace(config.place, overwrite=False))
+        run.write_config(to_dict(written))
         if not resume:  # an overwritten run's checkpoints and pools are not this run's
             shutil.rmtree(checkpoints, ignore_errors=True)
             pools_path.unlink(missing_ok=True)
     if precision.is_cpu:  # the ranks of one machine share its cores
-        torch.set_num_threads(max(1, config.threads // (ctx.world_size if ctx else 1)))
+        torch.set_num_threads(max(1, config.place.threads // (ctx.world_size if ctx else 1)))
     model, tokenizer = load_model(model_dir, device=precision.device)
     held_out = task.held_out_rows()
-    prompts = task.train_rows(config.seed + TRAIN_ROWS_SEED_OFFSET)
+    prompts = task.train_rows(config.place.seed + TRAIN_ROWS_SEED_OFFSET)
 
     evaluate = _evaluator(config, task, tokenizer, held_out)
     new_pool = _pool_sampler(config, task, tokenizer, prompts, model_dir)
@@ -321,10 +346,10 @@ def dpo_run(
         iterate_every=config.iterate_every,
         micro_batch_pairs=config.micro_batch_pairs,
         grad_clip=config.grad_clip,
-        seed=config.seed,
+        seed=config.place.seed,
         on_step=log if main else None,
         on_pool=on_pool if main else None,
-        progress=config.progress and main,
+        progress=config.place.progress and main,
         checkpoints=Checkpoints(
             checkpoints,
             config.checkpoint_every,
@@ -393,7 +418,7 @@ def _pool_sampler(
             config.max_new_tokens,
             config.pairs_per_prompt,
             config.temperature,
-            seed=config.seed + 1000 * round_index,
+            seed=config.place.seed + 1000 * round_index,
         )
         if not pool.pairs and round_index == 0:
             raise ConfigError(
@@ -449,8 +474,17 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 # --- the dpo stage -----------------------------------------------------------------------
 
 
-DPO_STAGE_OWNS = ("model", "task", "run_dir", "overwrite", "progress", "device", "resume")
-"""`DPOConfig` fields a pipeline's DPO stage sets itself: its `dpo:` settings may not."""
+DPO_STAGE_OWNS = (
+    "model",
+    "task.name",
+    "run_dir",
+    "place.overwrite",
+    "place.progress",
+    "place.device",
+    "resume",
+)
+"""`DPOConfig` fields (dotted paths) a pipeline's DPO stage sets itself: its `dpo:` settings
+may not."""
 
 
 @dataclass(frozen=True)
@@ -469,7 +503,7 @@ class DPOStage:
 
     def __post_init__(self) -> None:
         default = DPOConfig()
-        taken = [f for f in DPO_STAGE_OWNS if getattr(self.dpo, f) != getattr(default, f)]
+        taken = [f for f in DPO_STAGE_OWNS if field_at(self.dpo, f) != field_at(default, f)]
         if taken:
             raise ConfigError(
                 f"dpo: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by the "
@@ -483,9 +517,12 @@ def run_dpo_stage(s: DPOStage, ctx: PipelineContext, stage_dir: Path) -> dict[st
     config = replace(
         s.dpo,
         model=ctx.model_of(s.model),
-        seed=ctx.seed + s.seed,
-        progress=ctx.progress,
-        device=str(ctx.precision.device),
+        place=replace(
+            s.dpo.place,
+            seed=ctx.seed + s.seed,
+            progress=ctx.log.progress,
+            device=str(ctx.precision.device),
+        ),
         max_new_tokens=s.dpo.max_new_tokens or ctx.task.max_new_tokens,
     )
     run = RunDirectory(stage_dir, "dpo", overwrite=True)

@@ -112,7 +112,8 @@ class LabConfig:
     """Training reward: strict (the math verifier) or weak (substring match, gameable: a
     demonstration of reward hacking). Held-out accuracy and the monitor always use strict."""
     recipe: Annotated[str | None, tyro.conf.Suppress] = None
-    """The named recipe (grpo, rloo, dr_grpo, dapo, gspo, reinforce++, ppo) `grpo` starts from;
+    """The named recipe (`rlvr recipes`: grpo, rloo, dr_grpo, dapo, gspo, cispo, gmpo, opd,
+    reinforce++, ppo) `grpo` starts from;
     on the command line the subcommand `rlvr train RECIPE`, whose flags override the recipe's
     switches. A `LabConfig(recipe=NAME)` whose `grpo` is left out (every field
     `GRPOConfig`'s default) gets the recipe's config (`recipe_lab_config`); a `grpo` given
@@ -378,15 +379,15 @@ def build_base_model(
     """Return (directory of the base model, whether it came from the cache); its training's
     progress bar shows unless `log` is quiet (default: `--progress`)."""
     task_config, base = _base_settings(config)
-    progress = config.place.progress if log is None else log.progress
+    log = RunLog(config.place.progress) if log is None else log
     return cached_base_model(
-        config.task.name, task, task_config, config.tiny, base, config.cache_dir, progress
+        config.task.name, task, task_config, config.tiny, base, config.cache_dir, log
     )
 
 
 def run_lab(config: LabConfig) -> dict:
     """The whole lab; returns the summary written to summary.json. `config` is resolved first
-    (`resolve`: resume, recipe, --set, derived fields, checks), as the CLI's is."""
+    (`resolve`: resume, --set, derived fields, checks), as the CLI's is."""
     config, task = _resolve(config)
     if config.resume is not None:
         print(f"[rlvr] resuming {config.resume} with its saved config.yaml")

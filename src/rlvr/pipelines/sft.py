@@ -33,11 +33,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import torch
+import tyro
 
-from rlvr.config import ConfigError, to_dict
+from rlvr.config import ConfigError, RunPlace, to_dict
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, prompt_formatter
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
@@ -53,8 +54,9 @@ from rlvr.pipelines.resume import resumed_config
 from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_loss_curve
 from rlvr.report.run_dir import RunDirectory, read_jsonl
-from rlvr.tasks.arithmetic import ArithmeticTaskConfig
 from rlvr.tasks.jsonl import Pair, load_pairs
+from rlvr.tasks.reasoning import ReasoningTaskConfig
+from rlvr.tasks.registry import TaskChoice
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.checkpoint import latest_checkpoint_step
 from rlvr.train.distributed import DistContext, barrier, destroy, init_distributed, main_first
@@ -65,24 +67,37 @@ Evaluator = Callable[[torch.nn.Module], dict[str, float]]
 
 
 @dataclass(frozen=True)
-class SFTConfig:
-    """`rlvr sft`: fine-tune on prompt/completion pairs; writes a run directory with model/."""
+class SFTTask(TaskChoice):
+    """`TaskChoice` for `rlvr sft`: no task by default (the pairs are --data's), and no
+    reasoning options (the reasoning task trains on its defaults)."""
 
-    data: str | None = None
-    """A JSONL file of {"prompt": ..., "completion": ...} lines (e.g. `rlvr sample` output)."""
-    task: str | None = None
+    name: Annotated[str | None, tyro.conf.arg(name="task")] = None
     """Instead of --data: a task (arithmetic, code, tool, or a dataset file with a "solution"
     column) whose correct worked solutions are the pairs, an endless stream (needs --steps)."""
     columns: str | None = None
     """A dataset file's columns as rlvr's fields (as `rlvr train --columns`), e.g.
     prompt=question,answer=gold,solution=worked."""
+    reasoning: Annotated[ReasoningTaskConfig, tyro.conf.Suppress] = field(
+        default_factory=ReasoningTaskConfig
+    )
+    """Not a flag of `rlvr sft`: the reasoning task's defaults."""
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """`rlvr sft`: fine-tune on prompt/completion pairs; writes a run directory with model/."""
+
+    data: str | None = None
+    """A JSONL file of {"prompt": ..., "completion": ...} lines (e.g. `rlvr sample` output)."""
+    task: Annotated[SFTTask, tyro.conf.arg(name="")] = field(default_factory=SFTTask)
+    """Instead of --data, a task whose worked solutions are the pairs (flags without a
+    prefix: --task, --columns, --arithmetic.*); in Python a task name alone
+    (`task="arithmetic"`) is `SFTTask("arithmetic")`."""
     model: str = "tiny"
     """A local Hugging Face model directory, or "tiny" for a fresh tiny model (--tiny.*)."""
     run_dir: str = "runs/sft"
     """The run directory to write (config.yaml, metrics.jsonl, loss_curve.png, summary.json,
     model/)."""
-    overwrite: bool = False
-    """Replace an existing run directory."""
     resume: str | None = None
     """A run directory to continue from its newest complete checkpoint with the run's saved
     config.yaml (`rlvr sft --resume runs/NAME`); other settings are refused unless they equal
@@ -112,8 +127,6 @@ class SFTConfig:
     """AdamW weight decay."""
     max_length: int = 1024
     """Longest prompt + completion in tokens; longer ones are cut on the right and counted."""
-    seed: int = 0
-    """Seed of a fresh model's weights, the data order and LoRA's initialisation."""
     chat_template: bool = True
     """Wrap each prompt as a user turn when the tokenizer has a chat template (real chat
     checkpoints; the tiny tokenizer has none, so then prompt and completion are concatenated)."""
@@ -128,22 +141,28 @@ class SFTConfig:
     """With --task: held-out problems graded (greedy) as eval/greedy_acc; 0 turns it off."""
     eval_every: int = 0
     """Evaluate every N steps as well as before and after training (0: before and after)."""
-    device: str = "auto"
-    """Where the model trains: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N."""
-    dtype: str = "auto"
-    """Compute precision: auto (bfloat16 autocast on CUDA, float32 on the CPU), float32 or
-    bfloat16; weights and optimizer state stay float32."""
-    threads: int = 2
-    """CPU threads (torch.set_num_threads; the CPU only)."""
-    progress: bool = True
-    """Show a progress bar."""
+    place: Annotated[RunPlace, tyro.conf.arg(name="")] = field(default_factory=RunPlace)
+    """Device, precision, CPU threads, seed (of a fresh model's weights, the data order and
+    LoRA's initialisation), the progress bar and --overwrite, without a prefix."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
-    arithmetic: ArithmeticTaskConfig = field(default_factory=ArithmeticTaskConfig)
+
+    MOVED_KEYS: ClassVar[dict[str, str]] = {
+        **{key: f"place.{key}" for key in ("device", "dtype", "threads", "seed")},
+        **{key: f"place.{key}" for key in ("progress", "overwrite")},
+        "task": "task.name",
+        **{key: f"task.{key}" for key in ("columns", "arithmetic")},
+    }
+    """Keys of the flat layout (config.yaml of runs before `place` and `task` were nested) and
+    where they live now; `from_dict` moves them, so those runs resume."""
+
+    def __post_init__(self) -> None:
+        if self.task is None or isinstance(self.task, str):  # `SFTConfig(task="arithmetic")`
+            object.__setattr__(self, "task", SFTTask(self.task))
 
 
 def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig:
     """Fill the derived fields (`steps` from epochs, the default `lr`) and check the rest."""
-    if (config.data is None) == (config.task is None):
+    if (config.data is None) == (config.task.name is None):
         raise ConfigError("rlvr sft: pass exactly one of --data FILE.jsonl and --task NAME")
     if config.steps is None and num_examples is None:
         raise ConfigError("rlvr sft --task streams endless pairs: pass --steps")
@@ -158,12 +177,13 @@ def resolve_sft_config(config: SFTConfig, num_examples: int | None) -> SFTConfig
         ("--weight-decay", config.weight_decay >= 0, ">= 0"),
         ("--eval-rows", config.eval_rows >= 0, ">= 0"),
         ("--eval-every", config.eval_every >= 0, ">= 0"),
-        ("--threads", config.threads >= 1, ">= 1"),
+        ("--threads", config.place.threads >= 1, ">= 1"),
         ("--checkpoint-every", config.checkpoint_every >= 0, ">= 0"),
         ("--keep-checkpoints", config.keep_checkpoints >= 1, ">= 1"),
     ):
         if not ok:
-            value = getattr(config, flag[2:].replace("-", "_"))
+            owner = config.place if flag == "--threads" else config
+            value = getattr(owner, flag[2:].replace("-", "_"))
             raise ConfigError(f"rlvr sft: {flag} must be {bound}, got {value}")
     steps = config.steps
     if steps is None:
@@ -181,9 +201,17 @@ def add_lora(model: torch.nn.Module, rank: int, alpha: float | None) -> torch.nn
     return apply_lora(model, LoRAConfig(rank=rank, alpha=alpha))
 
 
-SFT_RESUME_FREE = ("resume", "run_dir", "overwrite", "progress", "device", "dtype", "threads")
-"""`SFTConfig` fields a resume takes from the call, not from the saved config.yaml (and
-`report_to`, kept from the saved config unless the call sets it)."""
+SFT_RESUME_FREE = (
+    "resume",
+    "run_dir",
+    "place.overwrite",
+    "place.progress",
+    "place.device",
+    "place.dtype",
+    "place.threads",
+)
+"""`SFTConfig` fields (dotted paths) a resume takes from the call, not from the saved
+config.yaml (and `report_to`, kept from the saved config unless the call sets it)."""
 DIST_TIMEOUT_S = 600.0
 """How long a collective waits for the other torchrun ranks before failing."""
 
@@ -192,7 +220,7 @@ def resume_sft_config(config: SFTConfig) -> SFTConfig:
     """The saved config of the run `config.resume`, to continue it (`resumed_config`): the
     run directory is the resumed one, `report_to` the saved one unless `config` sets it."""
     assert config.resume is not None
-    if config.overwrite:
+    if config.place.overwrite:
         raise ConfigError("rlvr sft: --resume continues a run; drop --overwrite (or --resume)")
     saved = resumed_config(
         replace(config, report_to="none"), config.resume, SFT_RESUME_FREE, "rlvr sft"
@@ -217,7 +245,7 @@ def run_sft(
     if config.resume is not None:
         config = resume_sft_config(config)
         run_dir = None
-    precision = resolve_precision(config.device, config.dtype)  # before anything loads
+    precision = resolve_precision(config.place.device, config.place.dtype)  # before anything loads
     ctx = init_distributed(precision.device, DIST_TIMEOUT_S)  # torchrun's ranks, if any
     precision = replace(precision, device=ctx.device)
     try:
@@ -242,11 +270,12 @@ def _run_sft(
     task, pairs = None, None
     if config.data is not None:
         pairs = load_pairs(config.data)  # refused before any model loads
-    elif config.task is not None:
-        task = user_task(config.task, config.arithmetic, seed=config.seed, columns=config.columns)
+    elif config.task.name is not None:
+        task = user_task(config.task, seed=config.place.seed)
     config = resolve_sft_config(config, len(pairs) if pairs is not None else None)
     config = replace(config, run_dir=str(run_dir or config.run_dir))
-    config = replace(config, progress=config.progress and ctx.is_main)
+    progress = config.place.progress and ctx.is_main
+    config = replace(config, place=replace(config.place, progress=progress))
     eval_pairs = load_pairs(config.eval_data) if config.eval_data else None
     if config.model != "tiny":
         model_flag(config.model, hint=" (or --model tiny: a fresh tiny model)")
@@ -258,7 +287,7 @@ def _run_sft(
         run = RunDirectory(
             path.parent,
             path.name,
-            overwrite=config.overwrite and ctx.is_main,
+            overwrite=config.place.overwrite and ctx.is_main,
             resume=resume or not ctx.is_main,
             claim=ctx.is_main,  # one live run per directory
         )
@@ -284,11 +313,12 @@ def _train(
     resume, main = config.resume is not None, ctx.is_main
     checkpoints = run.path / "checkpoints"
     if main:
-        run.write_config(to_dict(replace(config, resume=None, overwrite=False)))
+        written = replace(config, resume=None, place=replace(config.place, overwrite=False))
+        run.write_config(to_dict(written))
         if not resume:  # an overwritten run's checkpoints are not this run's
             shutil.rmtree(checkpoints, ignore_errors=True)
     if precision.is_cpu:  # the ranks of one machine share its cores
-        torch.set_num_threads(max(1, config.threads // ctx.world_size))
+        torch.set_num_threads(max(1, config.place.threads // ctx.world_size))
 
     # --- model ---------------------------------------------------------------------------------
     model, tokenizer = _initial_model(config)
@@ -315,11 +345,11 @@ def _train(
         weight_decay=config.weight_decay,
         max_length=config.max_length,
         on_step=log if main else None,
-        progress=config.progress,
+        progress=config.place.progress,
         desc="sft",
         grad_clip=config.grad_clip,
         final_lr_fraction=config.final_lr_fraction,
-        seed=config.seed,
+        seed=config.place.seed,
         checkpoints=Checkpoints(
             checkpoints,
             config.checkpoint_every,
@@ -386,7 +416,7 @@ def _report(
         "wall_seconds": time.perf_counter() - start,
     }
     run.write_summary(summary)
-    if config.progress:
+    if config.place.progress:
         print(f"[rlvr] sft: {json.dumps({k: summary[k] for k in _SHOWN})}", flush=True)
     return run.model_path
 
@@ -404,13 +434,13 @@ _SHOWN = (
 
 def _initial_model(config: SFTConfig) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) to fine-tune: a fresh tiny model or `config.model`'s checkpoint, with
-    LoRA adapters when `config.lora_rank > 0`; torch's RNG seeded by `config.seed`."""
+    LoRA adapters when `config.lora_rank > 0`; torch's RNG seeded by `config.place.seed`."""
     if config.model == "tiny":
         tokenizer = build_char_tokenizer()
-        model = build_tiny_model(config.tiny, tokenizer, seed=config.seed)
+        model = build_tiny_model(config.tiny, tokenizer, seed=config.place.seed)
     else:
         model, tokenizer = load_model(config.model)
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.place.seed)
     if config.lora_rank > 0:
         model = add_lora(model, config.lora_rank, config.lora_alpha)
     return model, tokenizer
@@ -472,5 +502,5 @@ def _stream(config: SFTConfig, pairs: list[Pair] | None, task: TaskSpec | None) 
     """The training pairs: seeded epochs over `pairs`, or the task's correct worked solutions
     (its corpus at flaw_prob 0)."""
     if pairs is not None:
-        return shuffled_epochs(pairs, config.seed)
-    return task.corpus(config.seed, 0.0)
+        return shuffled_epochs(pairs, config.place.seed)
+    return task.corpus(config.place.seed, 0.0)

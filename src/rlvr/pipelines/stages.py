@@ -43,6 +43,7 @@ from rlvr.pipelines.common import (
     SAMPLE_ROWS_SEED_OFFSET,
     TRAIN_ROWS_SEED_OFFSET,
     PipelineContext,
+    field_at,
     save_policy,
 )
 from rlvr.pipelines.dpo import DPOStage, run_dpo_stage
@@ -79,7 +80,7 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
     # pipelines train on the strict verifier; the reasoning corpus has no hedges anyway
     base = dataclasses.replace(s, hedge_prob=resolved_hedge_prob(s.hedge_prob, "strict"))
     directory, cached = cached_base_model(
-        "reasoning", ctx.task, ctx.task_config, shape, base, progress=ctx.log.progress
+        "reasoning", ctx.task, ctx.task_config, shape, base, log=ctx.log
     )
     return {"model": str(directory), **({"cached": "true"} if cached else {})}
 
@@ -89,16 +90,18 @@ def run_base(s: BaseStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, s
 
 SFT_STAGE_OWNS = (
     "data",
-    "task",
+    "task.name",
     "model",
     "run_dir",
-    "overwrite",
-    "progress",
+    "resume",
+    "place.overwrite",
+    "place.progress",
     "chat_template",
-    "device",
-    "dtype",
+    "place.device",
+    "place.dtype",
 )
-"""`SFTConfig` fields a pipeline's SFT stage sets itself: its `sft:` settings may not."""
+"""`SFTConfig` fields (dotted paths) a pipeline's SFT stage sets itself: its `sft:` settings
+may not."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,7 @@ class SFTStage:
 
     def __post_init__(self) -> None:
         default = SFTConfig()
-        taken = [f for f in SFT_STAGE_OWNS if getattr(self.sft, f) != getattr(default, f)]
+        taken = [f for f in SFT_STAGE_OWNS if field_at(self.sft, f) != field_at(default, f)]
         if taken:
             raise ConfigError(
                 f"sft: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by the "
@@ -157,7 +160,7 @@ def sft_pairs(sources: tuple[str, ...], ctx: PipelineContext, seed: int) -> list
 
 def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[str, str]:
     """Write the stage's SFT data (`sft_pairs`) and fine-tune the stage's model on it."""
-    rows = sft_pairs(s.data, ctx, s.sft.seed + ctx.seed)
+    rows = sft_pairs(s.data, ctx, s.sft.place.seed + ctx.seed)
     if not rows:
         raise ValueError(f"{stage_dir.name}: the SFT data sources {list(s.data)} are empty")
     data = stage_dir / "sft_data.jsonl"
@@ -169,10 +172,13 @@ def run_sft_stage(s: SFTStage, ctx: PipelineContext, stage_dir: Path) -> dict[st
         data=str(data),
         model=ctx.model_of(s.model),
         chat_template=False,
-        progress=ctx.log.progress,
-        overwrite=True,
-        device=str(ctx.precision.device),
-        dtype=ctx.precision.dtype_name,
+        place=dataclasses.replace(
+            s.sft.place,
+            progress=ctx.log.progress,
+            overwrite=True,
+            device=str(ctx.precision.device),
+            dtype=ctx.precision.dtype_name,
+        ),
     )
     model_dir = run_sft(config, run_dir=stage_dir / "sft")
     return {"model": str(model_dir), "data": str(data)}

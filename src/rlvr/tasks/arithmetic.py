@@ -31,6 +31,7 @@ import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from rlvr.config import ConfigError
 from rlvr.tasks.spec import TaskSpec, distinct_draws, draws_excluding
 from rlvr.verifiers import math as math_verifier
 
@@ -144,18 +145,23 @@ def _draw_problem(rng: random.Random, digits: int, operations: tuple[str, ...]) 
 
 
 def _check_config(config: ArithmeticTaskConfig) -> None:
+    """A `ConfigError` (one line naming the `--arithmetic.*` flag) for settings no problems
+    can be drawn from; it is a ValueError too."""
     unknown = set(config.operations) - set(OPERATIONS)
     if unknown or not config.operations:
-        raise ValueError(f"operations must be drawn from {OPERATIONS}, got {config.operations}")
+        raise ConfigError(
+            f"--arithmetic.operations must be drawn from {OPERATIONS}, got {config.operations}"
+        )
     if config.style not in STYLES:
-        raise ValueError(f"style must be one of {STYLES}, got {config.style!r}")
+        raise ConfigError(f"--arithmetic.style must be one of {STYLES}, got {config.style!r}")
     if config.digits < 1:
-        raise ValueError(f"digits must be >= 1, got {config.digits}")
+        raise ConfigError(f"--arithmetic.digits must be >= 1, got {config.digits}")
     space = (9 * 10 ** (config.digits - 1)) ** 2 * len(config.operations)
     if config.held_out_size > space // 4:
-        raise ValueError(
-            f"held_out_size={config.held_out_size} is too large for {config.digits}-digit "
-            f"problems ({space} distinct problems); keep it under a quarter of them"
+        raise ConfigError(
+            f"--arithmetic.held-out-size {config.held_out_size} is too large for "
+            f"{config.digits}-digit problems ({space} distinct problems); keep it at most "
+            f"{space // 4}, a quarter of them"
         )
 
 
@@ -199,7 +205,9 @@ def max_solution_chars(config: ArithmeticTaskConfig) -> int:
 
 
 def task_spec(config: ArithmeticTaskConfig, hedge_prob: float = 0.0) -> TaskSpec:
-    """The arithmetic task as a `TaskSpec`: `flaw_prob` is the chance each carry is dropped."""
+    """The arithmetic task as a `TaskSpec`: `flaw_prob` is the chance each carry is dropped.
+    Its settings are checked here, before anything uses it (`_check_config`)."""
+    _check_config(config)
 
     def corpus(seed: int, flaw_prob: float) -> Iterator[tuple[str, str]]:
         rng = random.Random(seed + 1)

@@ -1,9 +1,9 @@
 """The task registry: a `TaskChoice` (a task name, a dataset file or reasoning_gym:NAME, with
 the generators' options) to its `TaskSpec`, and `--verifier` to the training reward.
 
-Every entry point that takes `--task` (lab/train, sample, eval; sft and dpo through the flat
-`build_task`) nests one `TaskChoice` and builds its task here, so a new configurable task edits
-one dataclass and one entry of `NAMED_TASKS`.
+Every entry point that takes `--task` (lab/train, sample, eval, sft, dpo) nests one
+`TaskChoice` (sft a subclass, no task by default) and builds its task here, so a new
+configurable task edits one dataclass and one entry of `NAMED_TASKS`.
 """
 
 from __future__ import annotations
@@ -88,26 +88,6 @@ def task_spec(choice: TaskChoice, *, hedge_prob: float = 0.0, seed: int = 0) -> 
     raise ValueError(
         f"unknown task {name!r}; choose {', '.join(TASKS)}, {FILE_KINDS} or reasoning_gym:NAME"
     )
-
-
-def build_task(
-    name: str,
-    arithmetic: ArithmeticTaskConfig | None = None,
-    reasoning: ReasoningTaskConfig | None = None,
-    *,
-    hedge_prob: float = 0.0,
-    seed: int = 0,
-    columns: str | None = None,
-) -> TaskSpec:
-    """`task_spec` from flat arguments (`arithmetic` / `reasoning` None: their defaults), for
-    the entry points that do not nest a `TaskChoice` yet (sft, dpo)."""
-    choice = TaskChoice(
-        name,
-        columns,
-        arithmetic or ArithmeticTaskConfig(),
-        reasoning or ReasoningTaskConfig(),
-    )
-    return task_spec(choice, hedge_prob=hedge_prob, seed=seed)
 
 
 def training_reward(name: str, task: TaskSpec) -> Callable[..., Sequence[float | None]]:

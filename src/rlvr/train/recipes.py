@@ -171,8 +171,8 @@ def apply_recipe(name: str, config: GRPOConfig) -> GRPOConfig:
     of another kind than the recipe's replaces it, which `rlvr check-loss --recipe cispo
     --grpo.surrogate.epsilon-high 2` would do, its flags binding to the default ppo-clip). A
     recipe switch set back to exactly the default cannot be told apart from one left alone: set
-    it after the recipe (`LabConfig.set`, or `apply_overrides` on the result); the CLI has no
-    such case, since there the recipe is the parser's default (`recipe_lab_config`).
+    it after the recipe (`LabConfig.set`, or `apply_overrides` on the result); `rlvr train`
+    has no such case, since there the recipe is the parser's default (`recipe_lab_config`).
     """
     defaults = GRPOConfig()
     recipe = recipe_config(name)
