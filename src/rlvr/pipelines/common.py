@@ -18,10 +18,12 @@ from rlvr.config import ConfigError, UserError
 from rlvr.devices import Precision, resolve_precision
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
+from rlvr.report.run_dir import RunDirectory
 from rlvr.report.run_log import RunLog
 from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.registry import TaskChoice, task_spec
 from rlvr.tasks.spec import TaskSpec
+from rlvr.train.distributed import DistContext, main_first
 
 TRAIN_ROWS_SEED_OFFSET = 10_000
 """Added to a run's seed to seed its stream of training rows (RL), so the rows differ from
@@ -122,3 +124,19 @@ class PipelineContext:
         if "model" not in self.outputs.get(stage, {}):
             raise ConfigError(f"stage {stage!r} did not run earlier or produced no model")
         return self.outputs[stage]["model"]
+
+
+def open_run_directory(
+    parent: str | Path, name: str, *, overwrite: bool, resume: bool, ctx: DistContext
+) -> RunDirectory:
+    """The run directory `parent/name`, made (replaced with `overwrite`, reopened to `resume`) and
+    claimed by rank 0 first, one live run per directory; the other ranks then open what rank 0
+    made, as a resume, without claiming it (`main_first`)."""
+    with main_first(ctx, "the run directory"):
+        return RunDirectory(
+            parent,
+            name,
+            overwrite=overwrite and ctx.is_main,
+            resume=resume or not ctx.is_main,
+            claim=ctx.is_main,  # one live run per directory
+        )

@@ -53,6 +53,7 @@ from rlvr.pipelines.common import (
     PipelineContext,
     field_at,
     model_flag,
+    open_run_directory,
     user_task,
 )
 from rlvr.pipelines.resume import resumed_config
@@ -241,14 +242,9 @@ def run_dpo(config: DPOConfig) -> Path:
             with main_first(ctx, "the base model"):
                 model_dir = _model_dir(config, task)
             path, resume = Path(config.run_dir), config.resume is not None
-            with main_first(ctx, "the run directory"):
-                run = RunDirectory(
-                    path.parent,
-                    path.name,
-                    overwrite=config.place.overwrite and ctx.is_main,
-                    resume=resume or not ctx.is_main,
-                    claim=ctx.is_main,  # one live run per directory
-                )
+            run = open_run_directory(
+                path.parent, path.name, overwrite=config.place.overwrite, resume=resume, ctx=ctx
+            )
             with run:
                 out = dpo_run(config, task, model_dir, run, precision, ctx)
         barrier(ctx, "the end of the run")  # the ranks leave the group together

@@ -48,10 +48,12 @@ from rlvr.pipelines.common import (
     TRAIN_ROWS_SEED_OFFSET,
     few_shot_examples,
     model_flag,
+    open_run_directory,
     save_policy,
     user_task,
 )
 from rlvr.pipelines.engines import RolloutPlacement, check_placement
+from rlvr.pipelines.resume import differing_settings
 from rlvr.pipelines.train_policy import load_policy, train_policy
 from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_reward_curve
@@ -276,8 +278,6 @@ RESUME_FREE = (
 """Fields (dotted paths; a part's name frees all of it) that a resume takes from the call, not
 from the saved config.yaml (where the run samples may change: a resume on Ray workers
 continues a run begun in one process)."""
-UNPREFIXED = ("place", "task")
-"""The parts whose flags have no prefix: `place.threads` is `--threads`, `task.name` `--task`."""
 KEPT_UNLESS_GIVEN = ("rollout", "report_to")
 """Of those, the ones a call that leaves them at their default keeps from the saved config: a
 bare `--resume` of a Ray run resumes on Ray with as many actors, logging where it logged."""
@@ -295,20 +295,11 @@ def resume_config(config: LabConfig) -> LabConfig:
     for key in ("resume", "overwrite"):  # older runs saved `resume: false`
         data.pop(key, None)
     saved = from_dict(LabConfig, data, where=str(saved_path))
-    given, default, kept = (_flat(to_dict(c)) for c in (config, LabConfig(), saved))
-    differ = [
-        key
-        for key, value in given.items()
-        if key not in RESUME_FREE
-        and key.split(".")[0] not in RESUME_FREE
-        and value != default.get(key)
-        and value != kept.get(key)
-    ]
+    differ = differing_settings(config, saved, RESUME_FREE)
     if differ:
         raise ConfigError(
             f"--resume continues {run_dir} with its saved config.yaml; these settings differ "
-            f"from it and would be ignored, so they are refused: "
-            + ", ".join(_flag_name(key) for key in differ)
+            f"from it and would be ignored, so they are refused: {', '.join(differ)}"
         )
     unset = LabConfig()
     taken = {
@@ -328,26 +319,6 @@ def resume_config(config: LabConfig) -> LabConfig:
         ),
         **taken,
     )
-
-
-def _flag_name(key: str) -> str:
-    """A dotted field path as its flag spells it, without `--`: `place.threads` -> `threads`,
-    `task.name` -> `task`, `task.arithmetic.digits` -> `arithmetic.digits`."""
-    part, _, rest = key.partition(".")
-    if part not in UNPREFIXED or not rest:
-        return key
-    return "task" if key == "task.name" else rest
-
-
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested dict as {dotted.key: leaf value}."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def lab_task(config: LabConfig) -> TaskSpec:
@@ -412,14 +383,13 @@ def _run(config: LabConfig, task: TaskSpec, precision: Precision, ctx: DistConte
     if precision.is_cpu:  # the ranks of one machine share its cores
         torch.set_num_threads(max(1, config.place.threads // ctx.world_size))
     resume = config.resume is not None
-    with main_first(ctx, "the run directory"):
-        run = RunDirectory(
-            config.runs_dir,
-            config.run_name,
-            overwrite=config.place.overwrite and ctx.is_main,
-            resume=resume or not ctx.is_main,
-            claim=ctx.is_main,  # one live run per directory
-        )
+    run = open_run_directory(
+        config.runs_dir,
+        config.run_name,
+        overwrite=config.place.overwrite,
+        resume=resume,
+        ctx=ctx,
+    )
     if ctx.is_main:  # the trackers are opened (or refused) before any model loads
         resume_step = latest_checkpoint_step(run.path / "checkpoints") if resume else None
         trackers = parse_report_to(config.report_to)

@@ -33,14 +33,8 @@ def resumed_config(given: T, run_dir: str | Path, free: tuple[str, ...], command
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file():
         raise UserError(f"{command} --resume {run_dir}: it has no config.yaml, nothing to resume")
-    cls = type(given)
-    saved = from_dict(cls, read_yaml(saved_path) or {}, where=str(saved_path))
-    given_flat, default, kept = (_flat(to_dict(c)) for c in (given, cls(), saved))
-    differ = [
-        flag_name(key)
-        for key, value in given_flat.items()
-        if not _is_free(key, free) and value != default.get(key) and value != kept.get(key)
-    ]
+    saved = from_dict(type(given), read_yaml(saved_path) or {}, where=str(saved_path))
+    differ = differing_settings(given, saved, free)
     if differ:
         raise ConfigError(
             f"{command} --resume continues {run_dir} with its saved config.yaml; these settings "
@@ -49,6 +43,18 @@ def resumed_config(given: T, run_dir: str | Path, free: tuple[str, ...], command
     for path in free:
         saved = _replaced(saved, path.split("."), field_at(given, path))
     return saved
+
+
+def differing_settings(given: T, saved: T, free: tuple[str, ...]) -> list[str]:
+    """The settings of `given` outside `free` (dotted paths; a part's name frees all of it)
+    that are neither their default (`type(given)()`) nor `saved`'s value, as their flags spell
+    them: what a resume would ignore, so refuses."""
+    given_flat, default, kept = (_flat(to_dict(c)) for c in (given, type(given)(), saved))
+    return [
+        flag_name(key)
+        for key, value in given_flat.items()
+        if not _is_free(key, free) and value != default.get(key) and value != kept.get(key)
+    ]
 
 
 def flag_name(key: str) -> str:

@@ -49,7 +49,7 @@ from rlvr.models.tiny import (
     load_model,
     save_model,
 )
-from rlvr.pipelines.common import model_flag, user_task
+from rlvr.pipelines.common import model_flag, open_run_directory, user_task
 from rlvr.pipelines.resume import resumed_config
 from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_loss_curve
@@ -59,7 +59,7 @@ from rlvr.tasks.reasoning import ReasoningTaskConfig
 from rlvr.tasks.registry import TaskChoice
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.checkpoint import latest_checkpoint_step
-from rlvr.train.distributed import DistContext, barrier, destroy, init_distributed, main_first
+from rlvr.train.distributed import DistContext, barrier, destroy, init_distributed
 from rlvr.train.evaluate import held_out_accuracy
 from rlvr.train.sft import Checkpoints, completion_nll, shuffled_epochs, train_next_token
 
@@ -283,14 +283,9 @@ def _run_sft(
     check_installed(trackers)
     path = Path(config.run_dir)
     resume = config.resume is not None
-    with main_first(ctx, "the run directory"):
-        run = RunDirectory(
-            path.parent,
-            path.name,
-            overwrite=config.place.overwrite and ctx.is_main,
-            resume=resume or not ctx.is_main,
-            claim=ctx.is_main,  # one live run per directory
-        )
+    run = open_run_directory(
+        path.parent, path.name, overwrite=config.place.overwrite, resume=resume, ctx=ctx
+    )
     if ctx.is_main:
         resume_step = latest_checkpoint_step(run.path / "checkpoints") if resume else None
         run.attach(open_loggers(trackers, run.path, path.name, to_dict(config), resume_step))
