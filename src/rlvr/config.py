@@ -91,6 +91,16 @@ MOVED_KEYS_ATTR = "MOVED_KEYS"
 configs of the older layout still load."""
 
 
+def flat_layout_moves(place: tuple[str, ...], task: tuple[str, ...] = ()) -> dict[str, str]:
+    """The `MOVED_KEYS` of an entry config that nests a `RunPlace` as `place` and a task part
+    as `task`: each flat key of `place` -> `place.KEY`; with `task` fields, the flat `task` (the
+    name) -> `task.name` and each of `task` -> `task.KEY`."""
+    moves = {key: f"place.{key}" for key in place}
+    if task:
+        moves |= {"task": "task.name", **{key: f"task.{key}" for key in task}}
+    return moves
+
+
 UPGRADE_ATTR = "UPGRADE"
 """A dataclass whose older layout needs more than moving keys (a value that decides where the
 others go) may hold, in a class attribute of this name, a function turning a mapping of that

@@ -8,13 +8,15 @@ run directory's refusals are user errors where `RunDirectory` raises them.)
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rlvr.config import ConfigError, UserError
+from rlvr.config import ConfigError, UserError, to_dict
 from rlvr.devices import Precision, resolve_precision
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
@@ -124,6 +126,24 @@ class PipelineContext:
         if "model" not in self.outputs.get(stage, {}):
             raise ConfigError(f"stage {stage!r} did not run earlier or produced no model")
         return self.outputs[stage]["model"]
+
+
+def start_run_files(
+    run: RunDirectory, config: Any, *, resume: bool, stale: tuple[Path, ...]
+) -> None:
+    """Write `config` as the run's config.yaml as a fresh run of it would be given (no
+    `resume`, no `place.overwrite`: a resume of it then continues it as it is); a run that is
+    not resumed first removes the `stale` files an overwritten run left (its checkpoints,
+    DPO's pools.jsonl)."""
+    written = dataclasses.replace(
+        config, resume=None, place=dataclasses.replace(config.place, overwrite=False)
+    )
+    run.write_config(to_dict(written))
+    for path in () if resume else stale:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def open_run_directory(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,7 @@ from typing import Annotated, Any, ClassVar
 import torch
 import tyro
 
-from rlvr.config import ConfigError, RunPlace, to_dict
+from rlvr.config import ConfigError, RunPlace, flat_layout_moves
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.tiny import TinyModelConfig, load_model, save_model
 from rlvr.pipelines.base_model import (
@@ -54,6 +53,7 @@ from rlvr.pipelines.common import (
     field_at,
     model_flag,
     open_run_directory,
+    start_run_files,
     user_task,
 )
 from rlvr.pipelines.resume import resumed_config
@@ -145,11 +145,9 @@ class DPOConfig:
     base: BaseConfig = field(default_factory=BaseConfig)
     """The lab base's pretraining (with --model lab)."""
 
-    MOVED_KEYS: ClassVar[dict[str, str]] = {
-        **{key: f"place.{key}" for key in ("device", "threads", "seed", "progress", "overwrite")},
-        "task": "task.name",
-        **{key: f"task.{key}" for key in ("arithmetic", "reasoning")},
-    }
+    MOVED_KEYS: ClassVar[dict[str, str]] = flat_layout_moves(
+        ("device", "threads", "seed", "progress", "overwrite"), ("arithmetic", "reasoning")
+    )
     """Keys of the flat layout (config.yaml of runs before `place` and `task` were nested) and
     where they live now; `from_dict` moves them, so those runs resume."""
 
@@ -287,12 +285,8 @@ def dpo_run(
     main, resume = ctx is None or ctx.is_main, config.resume is not None
     checkpoints = run.path / "checkpoints"
     pools_path = run.path / "pools.jsonl"
-    if main:
-        written = replace(config, resume=None, place=replace(config.place, overwrite=False))
-        run.write_config(to_dict(written))
-        if not resume:  # an overwritten run's checkpoints and pools are not this run's
-            shutil.rmtree(checkpoints, ignore_errors=True)
-            pools_path.unlink(missing_ok=True)
+    if main:  # an overwritten run's checkpoints and pools are not this run's
+        start_run_files(run, config, resume=resume, stale=(checkpoints, pools_path))
     if precision.is_cpu:  # the ranks of one machine share its cores
         torch.set_num_threads(max(1, config.place.threads // (ctx.world_size if ctx else 1)))
     model, tokenizer = load_model(model_dir, device=precision.device)

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar
 
 import tyro
 
-from rlvr.config import ConfigError, RunPlace
+from rlvr.config import ConfigError, RunPlace, flat_layout_moves
 from rlvr.devices import on_device, resolve_precision
 from rlvr.models.chat import format_rows
 from rlvr.models.tiny import load_model
@@ -79,11 +79,9 @@ class EvalConfig:
     out: str = "thinking_budget.png"
     """Where --thinking-budget writes its figure (a .json of the curve goes beside it)."""
 
-    MOVED_KEYS: ClassVar[dict[str, str]] = {
-        **{key: f"place.{key}" for key in ("device", "dtype", "seed")},
-        "task": "task.name",
-        **{key: f"task.{key}" for key in ("columns", "arithmetic", "reasoning")},
-    }
+    MOVED_KEYS: ClassVar[dict[str, str]] = flat_layout_moves(
+        ("device", "dtype", "seed"), ("columns", "arithmetic", "reasoning")
+    )
     """Keys of the flat layout and where they live now (`from_dict` moves them)."""
 
 

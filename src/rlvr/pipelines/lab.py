@@ -27,6 +27,7 @@ from rlvr.config import (
     RunPlace,
     UserError,
     apply_overrides,
+    flat_layout_moves,
     from_dict,
     read_yaml,
     to_dict,
@@ -152,12 +153,10 @@ class LabConfig:
     started with `ray start --head`); `--placement separate|colocated`, `--weight-transport
     object-store|nccl` (GPUs only)."""
 
-    MOVED_KEYS: ClassVar[dict[str, str]] = {
-        **{key: f"place.{key}" for key in ("device", "dtype", "threads", "seed")},
-        **{key: f"place.{key}" for key in ("progress", "overwrite")},
-        "task": "task.name",
-        **{key: f"task.{key}" for key in ("columns", "arithmetic", "reasoning")},
-    }
+    MOVED_KEYS: ClassVar[dict[str, str]] = flat_layout_moves(
+        ("device", "dtype", "threads", "seed", "progress", "overwrite"),
+        ("columns", "arithmetic", "reasoning"),
+    )
     """Keys of the flat layout (config.yaml of runs before `place` and `task` were nested) and
     where they live now; `from_dict` moves them, so those runs resume."""
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar
 import torch
 import tyro
 
-from rlvr.config import ConfigError, RunExistsError, RunPlace
+from rlvr.config import ConfigError, RunExistsError, RunPlace, flat_layout_moves
 from rlvr.devices import on_device, resolve_precision
 from rlvr.models.tiny import load_model
 from rlvr.pipelines.common import model_flag, user_task
@@ -66,11 +66,9 @@ class SampleConfig:
         default_factory=RejectionConfig
     )
 
-    MOVED_KEYS: ClassVar[dict[str, str]] = {
-        **{key: f"place.{key}" for key in ("device", "dtype", "threads", "overwrite")},
-        "task": "task.name",
-        **{key: f"task.{key}" for key in ("columns", "arithmetic")},
-    }
+    MOVED_KEYS: ClassVar[dict[str, str]] = flat_layout_moves(
+        ("device", "dtype", "threads", "overwrite"), ("columns", "arithmetic")
+    )
     """Keys of the flat layout and where they live now (`from_dict` moves them)."""
 
 

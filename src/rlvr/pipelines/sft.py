@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -38,7 +37,7 @@ from typing import Annotated, Any, ClassVar
 import torch
 import tyro
 
-from rlvr.config import ConfigError, RunPlace, to_dict
+from rlvr.config import ConfigError, RunPlace, flat_layout_moves, to_dict
 from rlvr.devices import Precision, on_device, resolve_precision
 from rlvr.models.chat import format_rows, prompt_formatter
 from rlvr.models.lora import LoRAConfig, apply_lora, merged
@@ -49,7 +48,7 @@ from rlvr.models.tiny import (
     load_model,
     save_model,
 )
-from rlvr.pipelines.common import model_flag, open_run_directory, user_task
+from rlvr.pipelines.common import model_flag, open_run_directory, start_run_files, user_task
 from rlvr.pipelines.resume import resumed_config
 from rlvr.report.loggers import check_installed, open_loggers, parse_report_to
 from rlvr.report.plots import plot_loss_curve
@@ -146,12 +145,9 @@ class SFTConfig:
     LoRA's initialisation), the progress bar and --overwrite, without a prefix."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
 
-    MOVED_KEYS: ClassVar[dict[str, str]] = {
-        **{key: f"place.{key}" for key in ("device", "dtype", "threads", "seed")},
-        **{key: f"place.{key}" for key in ("progress", "overwrite")},
-        "task": "task.name",
-        **{key: f"task.{key}" for key in ("columns", "arithmetic")},
-    }
+    MOVED_KEYS: ClassVar[dict[str, str]] = flat_layout_moves(
+        ("device", "dtype", "threads", "seed", "progress", "overwrite"), ("columns", "arithmetic")
+    )
     """Keys of the flat layout (config.yaml of runs before `place` and `task` were nested) and
     where they live now; `from_dict` moves them, so those runs resume."""
 
@@ -307,11 +303,8 @@ def _train(
     """`_run_sft` once the run directory is open (and its trackers attached)."""
     resume, main = config.resume is not None, ctx.is_main
     checkpoints = run.path / "checkpoints"
-    if main:
-        written = replace(config, resume=None, place=replace(config.place, overwrite=False))
-        run.write_config(to_dict(written))
-        if not resume:  # an overwritten run's checkpoints are not this run's
-            shutil.rmtree(checkpoints, ignore_errors=True)
+    if main:  # an overwritten run's checkpoints are not this run's
+        start_run_files(run, config, resume=resume, stale=(checkpoints,))
     if precision.is_cpu:  # the ranks of one machine share its cores
         torch.set_num_threads(max(1, config.place.threads // ctx.world_size))
 
