@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -107,3 +108,57 @@ def wait_settled(future: Future, worker: str, timeout_s: float, heartbeat_s: flo
     except Exception:
         return future.done()
     return True
+
+
+def call_with_timeout(fn: Callable[[], Any], timeout_s: float) -> tuple[str, Any]:
+    """("ok", result), ("error", exception) or ("timeout", None): `fn()` in a daemon thread,
+    waited for at most `timeout_s` (a thread that does not answer is left behind)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["ok"] = fn()
+        except BaseException as exc:  # the caller's, returned as ("error", exc)
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name="rlvr-call", daemon=True)
+    thread.start()
+    thread.join(max(timeout_s, 0.0))
+    if thread.is_alive():
+        return "timeout", None
+    return ("ok", box["ok"]) if "ok" in box else ("error", box["error"])
+
+
+def calls_in_parallel(
+    calls: list[Callable[[], Any]], timeouts: list[float]
+) -> list[tuple[str, Any, float]]:
+    """Each call in its own daemon thread, all started at once, call i waited for at most
+    `timeouts[i]` seconds from the start; per call (status, result, seconds) as
+    `call_with_timeout` says, seconds being the call's own (its timeout for one that did not
+    answer)."""
+    boxes: list[dict[str, Any]] = [{} for _ in calls]
+    threads = []
+    for call, box in zip(calls, boxes):
+
+        def run(call=call, box=box) -> None:
+            start = time.monotonic()
+            try:
+                box["ok"] = call()
+            except BaseException as exc:  # the caller's, returned
+                box["error"] = exc
+            box["seconds"] = time.monotonic() - start
+
+        thread = threading.Thread(target=run, name="rlvr-call", daemon=True)
+        thread.start()
+        threads.append(thread)
+    started = time.monotonic()
+    out = []
+    for thread, box, timeout in zip(threads, boxes, timeouts):
+        thread.join(max(0.0, timeout - (time.monotonic() - started)))
+        if thread.is_alive():
+            out.append(("timeout", None, timeout))
+        elif "ok" in box:
+            out.append(("ok", box["ok"], box["seconds"]))
+        else:
+            out.append(("error", box["error"], box["seconds"]))
+    return out

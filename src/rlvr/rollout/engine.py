@@ -20,7 +20,7 @@ import torch
 
 from rlvr.config import UserError
 from rlvr.devices import resolve_precision
-from rlvr.rollout.sampler import RolloutBatch, rollout_batch, sample_completions
+from rlvr.rollout.sampler import RolloutBatch, rollout_batch, sample_completions, sample_token_ids
 
 
 class RolloutEngine(Protocol):
@@ -74,6 +74,25 @@ class HFEngine:
             temperature,
             generator,
             workers=self.workers,
+        )
+
+    def generate_tokens(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        generator: torch.Generator | None = None,
+    ) -> list[tuple[list[int], list[float]]]:
+        """One sample per prompt of ids (the multi-turn loop's call): sampled ids up to and
+        including EOS, and their log-probs."""
+        return sample_token_ids(
+            self.model,
+            prompts,
+            max_new_tokens,
+            temperature,
+            generator,
+            self.tokenizer.eos_token_id,
+            self.tokenizer.pad_token_id,
         )
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

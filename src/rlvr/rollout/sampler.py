@@ -28,21 +28,33 @@ class RolloutBatch:
     prompt_ids: torch.Tensor  # [N, P] long, left-padded with the pad id
     prompt_mask: torch.Tensor  # [N, P] long, 1 on prompt tokens
     completion_ids: torch.Tensor  # [N, T] long, right-padded with the pad id after EOS
-    completion_mask: torch.Tensor  # [N, T] float, 1 up to and including EOS
+    completion_mask: torch.Tensor  # [N, T] float, 1 up to and including EOS (attention)
     logprobs: torch.Tensor  # [N, T] float, sampling log-probs, 0 where the mask is 0
+    # (NaN on an episode's env tokens, where `action_mask` is 0 and `completion_mask` 1)
     truncated: torch.Tensor  # [N] bool, True where no EOS came within max_new_tokens
     group_ids: torch.Tensor  # [N] long, index of the prompt each row answers
     completions: list[str]  # [N] decoded completion text, EOS and padding removed
     rows: list[dict[str, Any]] = field(default_factory=list)  # [R] task rows, when attached
     row_index: torch.Tensor | None = None  # [N] long, index into `rows` of each completion
+    action_mask: torch.Tensor | None = None  # [N, T] float, 1 on sampled tokens (episodes)
+    """Multi-turn episodes (`rlvr.rollout.episodes`): 1 on the tokens the policy sampled, 0 on
+    the environment's, tools' and chat template's tokens between turns (which
+    `completion_mask` covers, for attention) and on padding. None for one-turn rollouts, whose
+    every completion token was sampled: `policy_mask` is then `completion_mask`."""
 
     def __post_init__(self) -> None:
         if self.row_index is None:  # an engine's batch: completion i answers prompt group i
             self.row_index = self.group_ids.clone()
 
     @property
-    def lengths(self) -> torch.Tensor:  # [N] completion tokens, EOS included
+    def lengths(self) -> torch.Tensor:  # [N] completion tokens, EOS (and env tokens) included
         return self.completion_mask.sum(dim=1)
+
+    @property
+    def policy_mask(self) -> torch.Tensor:
+        """[N, T] 1 on the tokens the policy sampled: what the loss, KL, entropy, importance
+        ratios and every divisor count (`action_mask`, or `completion_mask` for one turn)."""
+        return self.completion_mask if self.action_mask is None else self.action_mask
 
     def model_inputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(prompt_ids, prompt_mask, completion_ids, completion_mask): a loss forward's input."""
@@ -103,13 +115,94 @@ def sample_completions(
             sample_shard, model, tokenizer.pad_token_id, prompts, generator, workers
         )
     device = next(model.parameters()).device
-    generator = generator_on(generator, device)  # the host generator seeds a device one
     encoded = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
     unique_ids, unique_mask = encoded["input_ids"].to(device), encoded["attention_mask"].to(device)
     prompt_ids = unique_ids.repeat_interleave(num_samples, dim=0)
     prompt_mask = unique_mask.repeat_interleave(num_samples, dim=0)
+    completion_ids, sampled_logprobs = _decode(
+        model,
+        unique_ids,
+        unique_mask,
+        num_samples,
+        max_new_tokens,
+        temperature,
+        generator,
+        (tokenizer.eos_token_id, tokenizer.pad_token_id),
+        drop_finished,
+        share_prompt_cache,
+        preallocate_cache,
+    )
+    return rollout_batch(
+        tokenizer,
+        prompt_ids,
+        prompt_mask,
+        completion_ids,
+        sampled_logprobs,
+        num_samples,
+    )
+
+
+@torch.no_grad()
+def sample_token_ids(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    eos_id: int,
+    pad_id: int,
+) -> list[tuple[list[int], list[float]]]:
+    """One sample per prompt given as token ids (token in, token out): each row's sampled ids
+    up to and including its first EOS (all `max_new_tokens` of them when none came) and their
+    sampling log-probs. The multi-turn loop (`rlvr.rollout.episodes`) calls this once per turn
+    with each running episode's ids so far."""
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    prompt_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        prompt_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
+        prompt_mask[i, width - len(p) :] = 1
+    ids, logprobs = _decode(
+        model,
+        prompt_ids.to(device),
+        prompt_mask.to(device),
+        1,
+        max_new_tokens,
+        temperature,
+        generator,
+        (eos_id, pad_id),
+    )
+    out = []
+    for row_ids, row_logprobs in zip(ids.tolist(), logprobs.tolist()):
+        k = row_ids.index(eos_id) + 1 if eos_id in row_ids else len(row_ids)
+        out.append((row_ids[:k], row_logprobs[:k]))
+    return out
+
+
+def _decode(
+    model: torch.nn.Module,
+    unique_ids: torch.Tensor,
+    unique_mask: torch.Tensor,
+    num_samples: int,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    special: tuple[int, int],
+    drop_finished: bool = True,
+    share_prompt_cache: bool = True,
+    preallocate_cache: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(completion ids [N, S], sampling log-probs [N, S]) of `num_samples` rows per prompt of
+    the left-padded `unique_ids` [B, P] (N = B * num_samples, S <= `max_new_tokens` the steps
+    run); `special` is (EOS id, pad id): a row's tokens after its EOS are the pad id, their
+    log-probs 0."""
+    device = unique_ids.device
+    generator = generator_on(generator, device)  # the host generator seeds a device one
+    prompt_ids = unique_ids.repeat_interleave(num_samples, dim=0)
+    prompt_mask = unique_mask.repeat_interleave(num_samples, dim=0)
     n = prompt_ids.shape[0]
-    eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    eos_id, pad_id = special
 
     was_training = model.training
     model.eval()
@@ -169,14 +262,7 @@ def sample_completions(
         next_position = next_position + 1
     model.train(was_training)
 
-    return rollout_batch(
-        tokenizer,
-        prompt_ids,
-        prompt_mask,
-        completion_ids[:, :steps],
-        sampled_logprobs[:, :steps],
-        num_samples,
-    )
+    return completion_ids[:, :steps], sampled_logprobs[:, :steps]
 
 
 def _sample_in_shards(
@@ -277,6 +363,7 @@ def select_rows(batch: RolloutBatch, rows: torch.Tensor) -> RolloutBatch:
         completions=[batch.completions[i] for i in idx],
         rows=batch.rows,
         row_index=batch.row_index[rows],
+        action_mask=None if batch.action_mask is None else batch.action_mask[rows],
     )
 
 
@@ -312,4 +399,7 @@ def concat_batches(batches: list[RolloutBatch], pad_id: int) -> RolloutBatch:
         completions=[c for b in batches for c in b.completions],
         rows=[r for b in batches for r in b.rows],
         row_index=torch.cat(row_index),
+        action_mask=None
+        if all(b.action_mask is None for b in batches)
+        else pad([b.policy_mask for b in batches], 0.0, left=False),
     )

@@ -37,6 +37,17 @@ class TaskSpec:
     """A few words for plots and logs, e.g. "3-digit addition"."""
     min_new_tokens: int = 1
     """The longest correct completion plus EOS: a smaller budget is refused before training."""
+    environment: Callable[[], Any] | None = None
+    """A multi-turn task's environment factory: one new environment per episode, with
+    `reset(row, *, seed)`, `step(reply)` and `close()` (`rlvr.rollout.episodes.Environment`).
+    None for a one-turn task. With one, `max_new_tokens` is one reply's budget, the corpus's
+    pairs are (the conversation so far as the model sees it, the next reply), the rewards are
+    the environment's, and `reward_fn`/`score` grade an episode's final reply."""
+    max_turns: int = 1
+    """Replies an episode of the environment needs at most (the default `--env.max-turns`)."""
+    episode_tokens: int = 0
+    """Tokens after the opening prompt an episode needs at most, across its turns (the
+    default `--env.max-tokens`; 0 for a one-turn task)."""
 
 
 def distinct_draws(

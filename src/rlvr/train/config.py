@@ -810,7 +810,7 @@ def _kl_into_reward(
     """The KL penalty to the reference folded into the reward (PPO style): same shape out."""
     assert ref_logp is not None, "kl_in_reward needs reference log-probs (beta > 0)"
     return algo.kl_in_reward(
-        rewards, batch.logprobs, ref_logp, batch.completion_mask, beta, estimator
+        rewards, batch.logprobs, ref_logp, batch.policy_mask, beta, estimator
     )
 
 
@@ -830,10 +830,10 @@ def _gae_advantages(
     advantages whitened over the loss mask; also the returns the critic regresses on."""
     assert inputs.values is not None, "gae needs the critic's values"
     batch = inputs.batch
-    per_token = algo.outcome_to_token_rewards(inputs.shaped, batch.completion_mask)
+    per_token = algo.outcome_to_token_rewards(inputs.shaped, batch.policy_mask)
     per_token = kl_reward(per_token, batch, inputs.ref_logp)
     advantages, returns = algo.gae_advantages(
-        per_token, inputs.values, batch.completion_mask, gamma, lam
+        per_token, inputs.values, batch.policy_mask, gamma, lam
     )
     return algo.masked_whiten(advantages, inputs.loss_mask), returns
 

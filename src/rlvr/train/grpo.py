@@ -95,7 +95,7 @@ def grpo_step(
     # 2. shape rewards (DAPO's overlong penalty) and mask the loss (truncated rows); identity
     #    functions when those switches are off
     shaped = plan.shape_rewards(rewards, batch.lengths)  # [N]
-    loss_mask = plan.loss_mask(batch.completion_mask, batch.truncated)  # [N, T]
+    loss_mask = plan.loss_mask(batch.policy_mask, batch.truncated)  # [N, T]
 
     # 3. reference log-probs: no reference exists, and no forward pass runs, when beta == 0
     with timer("ref_logprobs"):

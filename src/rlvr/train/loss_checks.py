@@ -229,7 +229,7 @@ def _prepare(plan: StepPlan, probe: _Probe, rewards: Tensor | None = None) -> _S
     rollout correction (`rewards` replaces the probe's)."""
     batch = probe.batch
     shaped = plan.shape_rewards(probe.rewards if rewards is None else rewards, batch.lengths)
-    loss_mask = plan.loss_mask(batch.completion_mask, batch.truncated)
+    loss_mask = plan.loss_mask(batch.policy_mask, batch.truncated)
     advantages, _ = plan.advantages(
         AdvantageInputs(shaped, batch, loss_mask, probe.ref_logp, probe.values)
     )
