@@ -9,7 +9,9 @@ run directory's refusals are user errors where `RunDirectory` raises them.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,9 @@ from rlvr.models.lora import LoRAConfig, apply_lora, merged
 from rlvr.models.tiny import ModelDirectoryError, TinyModelConfig, check_model_dir, save_model
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.run_log import RunLog
+from rlvr.rollout.episodes import EpisodeLimits, EpisodeSpec, turn_renderer
 from rlvr.tasks.reasoning import ReasoningTaskConfig
-from rlvr.tasks.registry import TaskChoice, task_spec
+from rlvr.tasks.registry import EnvChoice, TaskChoice, env_task_spec, task_spec
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.distributed import DistContext, main_first
 
@@ -63,6 +66,77 @@ def user_task(task: TaskChoice, *, hedge_prob: float = 0.0, seed: int = 0) -> Ta
         raise
     except ValueError as exc:
         raise TaskError(str(exc)) from exc
+
+
+def env_task(env: EnvChoice, task: TaskChoice, *, seed: int = 0) -> TaskSpec:
+    """The TaskSpec of `--env` (`registry.env_task_spec`), its refusals as `TaskError`."""
+    try:
+        return env_task_spec(env, task, seed=seed)
+    except UserError:
+        raise
+    except ValueError as exc:
+        raise TaskError(str(exc)) from exc
+
+
+def episode_limits(task: TaskSpec, env: EnvChoice, max_reply_tokens: int | None) -> EpisodeLimits:
+    """The budgets of `task`'s episodes: `--env.*` where set (non-zero), else the task's own;
+    one reply's budget is `--grpo.max-new-tokens` (default the task's)."""
+    for flag, value in (
+        ("--env.max-turns", env.max_turns),
+        ("--env.max-tokens", env.max_tokens),
+        ("--env.step-timeout-s", env.step_timeout_s),
+        ("--env.episode-timeout-s", env.episode_timeout_s),
+    ):
+        if value < 0:
+            raise ConfigError(f"{flag} must be >= 0, got {value}")
+    if not 0.0 <= env.turn_discount <= 1.0:
+        raise ConfigError(f"--env.turn-discount must be in [0, 1], got {env.turn_discount}")
+    return EpisodeLimits(
+        max_turns=env.max_turns or task.max_turns,
+        max_tokens=env.max_tokens or task.episode_tokens,
+        max_reply_tokens=max_reply_tokens or task.max_new_tokens,
+        step_timeout_s=env.step_timeout_s,
+        episode_timeout_s=env.episode_timeout_s,
+        turn_discount=env.turn_discount,
+    )
+
+
+def episode_spec(
+    task: TaskSpec, env: EnvChoice, tokenizer: Any, chat_template: bool, max_reply_tokens: int
+) -> EpisodeSpec | None:
+    """What the rollouts and the held-out evaluation of a multi-turn task run with (None for a
+    one-turn task): its environment, budgets, this tokenizer's turn renderer (its chat
+    template's, checked to preserve prefixes, when `chat_template` is on and it has one) and
+    whether the verifier grades the final reply (`--env.reward verifier|both`)."""
+    if task.environment is None:
+        return None
+    factory = task.environment
+    if env.reward == "verifier":
+        factory = functools.partial(_NoEnvReward, task.environment)
+    return EpisodeSpec(
+        factory=factory,
+        limits=episode_limits(task, env, max_reply_tokens),
+        renderer=turn_renderer(tokenizer, chat_template),
+        verify=env.reward != "env",
+    )
+
+
+class _NoEnvReward:
+    """An environment whose rewards are dropped (`--env.reward verifier`: the verifier's on
+    the final reply is the whole reward)."""
+
+    def __init__(self, factory: Callable[[], Any]) -> None:
+        self.env = factory()
+
+    def reset(self, row: Any, *, seed: int) -> Any:
+        return self.env.reset(row, seed=seed)
+
+    def step(self, reply: str) -> Any:
+        messages, _reward, done, info = self.env.step(reply)
+        return messages, None, done, info
+
+    def close(self) -> None:
+        self.env.close()
 
 
 def field_at(config: Any, path: str) -> Any:

@@ -47,6 +47,9 @@ from rlvr.pipelines.base_model import (
 )
 from rlvr.pipelines.common import (
     TRAIN_ROWS_SEED_OFFSET,
+    env_task,
+    episode_limits,
+    episode_spec,
     few_shot_examples,
     model_flag,
     open_run_directory,
@@ -62,7 +65,8 @@ from rlvr.report.run_dir import RunDirectory
 from rlvr.report.run_log import RunLog
 from rlvr.report.stats import format_interval, wilson_interval
 from rlvr.report.step_time import format_step_time, step_time_split
-from rlvr.tasks.registry import TaskChoice, training_reward
+from rlvr.rollout.episodes import EpisodeSpec
+from rlvr.tasks.registry import ENVIRONMENTS, EnvChoice, TaskChoice, training_reward
 from rlvr.tasks.rewards import RewardFn
 from rlvr.tasks.spec import TaskSpec
 from rlvr.train.checkpoint import latest_checkpoint_step
@@ -74,7 +78,12 @@ from rlvr.train.distributed import (
     init_distributed,
     main_first,
 )
-from rlvr.train.evaluate import HeldOutSamples, held_out_accuracy, held_out_samples
+from rlvr.train.evaluate import (
+    HeldOutSamples,
+    held_out_accuracy,
+    held_out_episodes,
+    held_out_samples,
+)
 from rlvr.train.lora_state import check_reference_sync
 from rlvr.train.monitor import never_parsed_warning, unparsed_share
 from rlvr.train.recipes import recipe_config
@@ -136,6 +145,10 @@ class LabConfig:
     """The task and its generators' options (flags without a prefix: --task, --columns,
     --arithmetic.*, --reasoning.*); in Python a task name alone (`task="rows.jsonl"`) is
     `TaskChoice("rows.jsonl")`."""
+    env: EnvChoice = field(default_factory=EnvChoice)
+    """A multi-turn environment (`--env guess_number`, `--env FILE.py:NAME`) and its budgets
+    (`--env.max-turns`, `--env.max-tokens`, timeouts, `--env.turn-discount`,
+    `--env.reward`); none by default: one-turn rollouts on --task."""
     tiny: TinyModelConfig = field(default_factory=TinyModelConfig)
     base: BaseConfig = field(default_factory=BaseConfig)
     grpo: GRPOConfig = field(default_factory=lambda: _LeftOut())
@@ -230,9 +243,17 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
             raise ConfigError(f"{flag} must be >= {least}, got {value}")
     if config.model is not None:
         model_flag(config.model)
+    elif task.environment is not None and config.env.name not in ENVIRONMENTS:
+        raise ConfigError(
+            f"--env {config.env.name}: an environment of your own has no corpus to pretrain "
+            "the lab's tiny base on; pass --model DIR (a model to start from)"
+        )
     else:  # the base model is trained (or found in the cache) from the task's corpus
         check_base(task, config.base)
-        check_shape(task, config.tiny, config.grpo.max_new_tokens)
+        budget = config.grpo.max_new_tokens
+        if task.environment is not None:  # an episode: every turn after the opening prompt
+            budget = episode_limits(task, config.env, budget).max_tokens
+        check_shape(task, config.tiny, budget)
     teacher = config.grpo.distill.teacher
     if config.recipe == "opd" and teacher is None:
         warn(
@@ -321,8 +342,16 @@ def resume_config(config: LabConfig) -> LabConfig:
 
 
 def lab_task(config: LabConfig) -> TaskSpec:
-    """The TaskSpec of `config.task`, from the task registry (an unknown task: `TaskError`)."""
+    """The TaskSpec of `config.task`, or of `config.env` when one is given, from the task
+    registry (an unknown task or environment: `TaskError`)."""
+    if config.env.name is not None:
+        return env_task(config.env, config.task, seed=config.place.seed)
     return user_task(config.task, hedge_prob=effective_hedge_prob(config), seed=config.place.seed)
+
+
+def _task_name(config: LabConfig) -> str:
+    """The name the base model is cached under: the environment's, else the task's."""
+    return config.env.name or config.task.name
 
 
 def effective_hedge_prob(config: LabConfig) -> float:
@@ -340,7 +369,7 @@ def _base_settings(config: LabConfig) -> tuple[object | None, BaseConfig]:
 def lab_base_dir(config: LabConfig) -> Path:
     """The cache directory of the lab's base model (present or not)."""
     task_config, base = _base_settings(config)
-    return base_model_dir(config.task.name, task_config, config.tiny, base, config.cache_dir)
+    return base_model_dir(_task_name(config), task_config, config.tiny, base, config.cache_dir)
 
 
 def build_base_model(
@@ -351,7 +380,7 @@ def build_base_model(
     task_config, base = _base_settings(config)
     log = RunLog(config.place.progress) if log is None else log
     return cached_base_model(
-        config.task.name, task, task_config, config.tiny, base, config.cache_dir, log
+        _task_name(config), task, task_config, config.tiny, base, config.cache_dir, log
     )
 
 
@@ -419,18 +448,23 @@ def _train(
     if ctx.is_main:
         written = dataclasses.replace(config.place, overwrite=False)
         run.write_config(to_dict(dataclasses.replace(config, resume=None, place=written)))
-    base_seconds = time.perf_counter() - start
+    base_seconds, seed = time.perf_counter() - start, config.place.seed
     log.say(
         f"{count_parameters(model):,} parameters on {precision.describe()}, "
         f"base ready in {base_seconds:.0f} s"
     )
     template = _template(config, task, tokenizer, base_dir)
-    held_out = format_rows(tokenizer, task.held_out_rows(), *template)
-    evaluate = _Evaluator(config, task, tokenizer, held_out)
+    episodes = episode_spec(
+        task, config.env, tokenizer, config.chat_template, config.grpo.max_new_tokens
+    )
+    if episodes is not None:  # an environment's rows: its reset renders their messages
+        held_out, rows = task.held_out_rows(), task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET)
+    else:
+        held_out = format_rows(tokenizer, task.held_out_rows(), *template)
+        rows = format_rows(tokenizer, task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), *template)
+    evaluate = _Evaluator(config, task, tokenizer, held_out, episodes)
     base_eval = _evaluate_base(evaluate, model, config, task, log) if ctx.is_main else {}
 
-    seed = config.place.seed
-    rows = format_rows(tokenizer, task.train_rows(seed + TRAIN_ROWS_SEED_OFFSET), *template)
     rl_start = time.perf_counter()
     records = train_policy(
         model,
@@ -446,10 +480,11 @@ def _train(
         precision=precision,
         seed=seed,
         log=log,
-        strict_reward_fn=task.reward_fn,
+        strict_reward_fn=task.reward_fn if episodes is None else None,  # the monitor's
         resume=config.resume is not None,
         initial_eval=base_eval,  # step 0 of metrics.jsonl: the base, evaluated once
         dist_ctx=ctx,
+        episodes=episodes,
     )
     rl_seconds = time.perf_counter() - rl_start
     if not ctx.is_main:
@@ -485,15 +520,26 @@ def _template(
 
 class _Evaluator:
     """The lab's held-out evaluation: greedy, and sampled at the training temperature; keeps
-    the latest greedy completions (`greedy`) for the never-parsed check."""
+    the latest greedy completions (`greedy`) for the never-parsed check. A multi-turn task's
+    accuracy is its episodes' success (return above 0), with their mean turns."""
 
-    def __init__(self, config: LabConfig, task: TaskSpec, tokenizer: Any, rows: list[dict]):
+    def __init__(
+        self,
+        config: LabConfig,
+        task: TaskSpec,
+        tokenizer: Any,
+        rows: list[dict],
+        episodes: EpisodeSpec | None = None,
+    ):
         self.config, self.task, self.tokenizer, self.rows = config, task, tokenizer, rows
+        self.episodes = episodes
         self.greedy: HeldOutSamples | None = None
 
     def __call__(self, model: torch.nn.Module, sampled_samples: int = 1) -> dict[str, float]:
         """Held-out accuracy of `model`: greedy, and the mean of `sampled_samples` samples per
         problem at the training temperature (seeded by `--eval-seed`)."""
+        if self.episodes is not None:
+            return self._episodes(model, sampled_samples)
         budget, score = self.config.grpo.max_new_tokens, self.task.score
         self.greedy = held_out_samples(model, self.tokenizer, self.rows, score, budget)
         sampled = held_out_accuracy(
@@ -508,6 +554,28 @@ class _Evaluator:
         )
         return {"greedy_acc": self.greedy.accuracy, "sampled_acc": sampled}
 
+    def _episodes(self, model: torch.nn.Module, sampled_samples: int) -> dict[str, float]:
+        """Held-out success of greedy and sampled episodes, and their replies per episode and
+        per successful episode."""
+        assert self.episodes is not None
+        greedy = held_out_episodes(model, self.tokenizer, self.rows, self.episodes)
+        sampled = held_out_episodes(
+            model,
+            self.tokenizer,
+            self.rows,
+            self.episodes,
+            temperature=self.config.grpo.temperature,
+            num_samples=sampled_samples,
+            seed=self.config.eval_seed,
+        )
+        return {
+            "greedy_acc": greedy.success,
+            "sampled_acc": sampled.success,
+            "greedy_turns": greedy.turns_mean,
+            "sampled_turns": sampled.turns_mean,
+            "sampled_turns_per_success": sampled.turns_per_success,
+        }
+
 
 def _evaluate_base(
     evaluate: _Evaluator, model: torch.nn.Module, config: LabConfig, task: TaskSpec, log: RunLog
@@ -519,7 +587,8 @@ def _evaluate_base(
         f"base held-out accuracy: greedy {base_eval['greedy_acc']:.3f}, "
         f"sampled {base_eval['sampled_acc']:.3f}"
     )
-    assert evaluate.greedy is not None
+    if evaluate.greedy is None:  # episodes: the environment reads the replies
+        return base_eval
     completions = [c for (c,) in evaluate.greedy.completions]
     share = unparsed_share(task.reward_fn, evaluate.rows, completions)
     if message := never_parsed_warning(share, len(evaluate.rows)):

@@ -22,6 +22,7 @@ from rlvr.pipelines.common import with_lora
 from rlvr.pipelines.engines import RolloutPlacement, build_engine, close_engine
 from rlvr.report.run_dir import RunDirectory
 from rlvr.report.run_log import RunLog
+from rlvr.rollout.episodes import EpisodeSpec
 from rlvr.tasks.rewards import RewardFn
 from rlvr.train.config import GRPOConfig
 from rlvr.train.distributed import DistContext
@@ -57,13 +58,15 @@ def train_policy(
     resume: bool = False,
     initial_eval: dict[str, float] | None = None,
     dist_ctx: DistContext | None = None,
+    episodes: EpisodeSpec | None = None,
 ) -> list[dict[str, Any]]:
     """GRPO on `model` from `rows` (`train_grpo`, logging to `run`); returns its records.
 
     The rollout engine samples where `rollout` says (`build_engine`: in-process, vLLM or Ray
     actors that load `model_dir` and get the weights after every update); under torchrun only
     rank 0 builds one. It is closed when training ends or fails. `lora` is checked against the
-    placement by the caller (`check_placement`)."""
+    placement by the caller (`check_placement`). With `episodes` the rollouts are episodes in
+    a multi-turn task's environment (`rlvr.rollout.episodes`)."""
     main = dist_ctx is None or dist_ctx.is_main
     engine = None
     if main:
@@ -87,6 +90,7 @@ def train_policy(
             engine=engine,
             initial_eval=initial_eval,
             dist_ctx=dist_ctx,
+            episodes=episodes,
         )
     finally:
         close_engine(engine)

@@ -487,3 +487,24 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         metrics[f"env/{key}"] = sum(e.counts.get(key, 0.0) for e in episodes)
     metrics["env/tool_seconds"] = sum(e.counts.get("tool_seconds", 0.0) for e in episodes)
     return metrics
+
+
+@dataclass(frozen=True)
+class EpisodeSpec:
+    """What a multi-turn run samples with: the environment factory, the budgets, the renderer
+    (built once for the run's tokenizer), and whether the task's verifiers also grade the final
+    reply (their reward added to the environment's return)."""
+
+    factory: EnvFactory
+    limits: EpisodeLimits
+    renderer: TurnRenderer
+    verify: bool = False
+
+
+def to_device(batch: RolloutBatch, device: torch.device | str) -> RolloutBatch:
+    """The batch with its tensors on `device` (episodes are assembled on the host)."""
+    moved = {
+        name: value.to(device) if isinstance(value, torch.Tensor) else value
+        for name, value in vars(batch).items()
+    }
+    return RolloutBatch(**moved)

@@ -8,9 +8,10 @@ configurable task edits one dataclass and one entry of `NAMED_TASKS`.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 import tyro
 
@@ -26,6 +27,35 @@ TASKS = ("arithmetic", "reasoning", "code", "tool")
 """The named tasks. Besides them: a dataset file (`dataset_files.FILE_SUFFIXES` or a saved
 dataset directory) and reasoning_gym:NAME."""
 FILE_KINDS = "a FILE.jsonl/.json/.parquet, a directory saved by datasets"
+
+
+@dataclass(frozen=True)
+class EnvChoice:
+    """The environment of a multi-turn task (`--env NAME`, `--env.max-turns`, ...). Budgets at
+    0 take the environment's own."""
+
+    name: Annotated[str | None, tyro.conf.arg(name="env", prefix_name=False)] = None
+    """A multi-turn environment: tool_chain, guess_number, retry_arith, or your own as
+    FILE.py:NAME or package.module:NAME (an rlvr environment class or factory, a `tool_env`,
+    or a TRL-style environment class: `reset(self, **row)`, its public methods the tools,
+    `get_reward(self)`); its rows come from --task FILE when one is given, else from the
+    environment. None: one-turn rollouts."""
+    max_turns: int = 0
+    """Replies an episode may have at most (0: the environment's)."""
+    max_tokens: int = 0
+    """Tokens after the opening prompt across all turns, sampled and environment tokens alike
+    (0: the environment's); a reply or environment message that would overflow is cut and the
+    episode ends truncated."""
+    step_timeout_s: float = 10.0
+    """Seconds one reset/step call of the environment (its tool calls included) may take; past
+    it the episode ends with status timeout."""
+    episode_timeout_s: float = 120.0
+    """Seconds all of one episode's environment calls may take."""
+    turn_discount: float = 1.0
+    """Turn k's reward counts turn_discount**k in the episode's return."""
+    reward: Literal["env", "verifier", "both"] = "env"
+    """The episode's reward: the environment's return, the task's verifier on the final reply,
+    or both summed."""
 
 
 @dataclass(frozen=True)
@@ -98,3 +128,34 @@ def training_reward(name: str, task: TaskSpec) -> Callable[..., Sequence[float |
     if name == "weak" and task.name == "arithmetic":
         return weak_math_reward
     raise ValueError(f"unknown verifier {name!r} for task {task.name}; choose strict or weak")
+
+
+ENVIRONMENTS = {
+    "tool_chain": "rlvr.tasks.tool_chain",
+    "guess_number": "rlvr.tasks.guess_number",
+    "retry_arith": "rlvr.tasks.retry_arith",
+}
+"""The built-in multi-turn environments: name -> the module whose `task_spec()` builds it."""
+
+
+def env_task_spec(env: EnvChoice, task: TaskChoice, *, seed: int = 0) -> TaskSpec:
+    """The TaskSpec of `--env NAME`: a built-in environment's (its rows, held-out split and
+    corpus), or a user's FILE.py:NAME / package.module:NAME environment on the rows of
+    `--task FILE` (when `task` names a dataset file) or of the environment itself."""
+    assert env.name is not None
+    if env.name in ENVIRONMENTS:
+        if task.name != "arithmetic" and dataset_files.is_data_file(task.name):
+            raise ValueError(
+                f"--env {env.name} brings its own rows; drop --task {task.name} "
+                "(a task file's rows go with an environment of your own, --env FILE.py:NAME)"
+            )
+        return importlib.import_module(ENVIRONMENTS[env.name]).task_spec()
+    if ":" not in env.name:
+        raise ValueError(
+            f"unknown environment {env.name!r}; choose {', '.join(ENVIRONMENTS)}, or your own "
+            "as FILE.py:NAME or package.module:NAME"
+        )
+    from rlvr.tasks import env_files
+
+    rows = task_spec(task, seed=seed) if dataset_files.is_data_file(task.name) else None
+    return env_files.user_env_task(env.name, rows)

@@ -809,9 +809,7 @@ def _kl_into_reward(
 ) -> torch.Tensor:
     """The KL penalty to the reference folded into the reward (PPO style): same shape out."""
     assert ref_logp is not None, "kl_in_reward needs reference log-probs (beta > 0)"
-    return algo.kl_in_reward(
-        rewards, batch.logprobs, ref_logp, batch.policy_mask, beta, estimator
-    )
+    return algo.kl_in_reward(rewards, batch.logprobs, ref_logp, batch.policy_mask, beta, estimator)
 
 
 def _group_advantages(

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from rlvr.models.tiny import load_model
+from rlvr.rollout.engine import HFEngine
+from rlvr.rollout.episodes import EpisodeSpec, run_episodes
 from rlvr.rollout.sampler import sample_completions
 from rlvr.rollout.thinking import STOP_PHRASE, generate_with_thinking_budget
 from rlvr.tasks import reasoning
@@ -94,6 +96,77 @@ def held_out_samples(
             cut = batch.truncated[i * num_samples : (i + 1) * num_samples]
             truncated.append([bool(x) for x in cut])
     return HeldOutSamples(completions, scores, truncated)
+
+
+@dataclass(frozen=True)
+class HeldOutEpisodes:
+    """`num_samples` episodes of every held-out row, row by row: their returns, turns and
+    final replies (`rlvr.rollout.episodes`)."""
+
+    returns: list[list[float]]
+    turns: list[list[int]]
+    replies: list[list[str]]
+
+    @property
+    def success(self) -> float:
+        """The share of episodes whose return is above 0 (divides by rows x samples)."""
+        flat = [r for row in self.returns for r in row]
+        return sum(r > 0 for r in flat) / max(len(flat), 1)
+
+    @property
+    def turns_mean(self) -> float:
+        """Replies per episode (divides by rows x samples)."""
+        flat = [t for row in self.turns for t in row]
+        return sum(flat) / max(len(flat), 1)
+
+    @property
+    def turns_per_success(self) -> float:
+        """Replies per successful episode (divides by the successful episodes; 0 for none)."""
+        won = [t for rs, ts in zip(self.returns, self.turns) for r, t in zip(rs, ts) if r > 0]
+        return sum(won) / len(won) if won else 0.0
+
+
+def held_out_episodes(
+    model: torch.nn.Module,
+    tokenizer,
+    rows: list[dict],
+    spec: EpisodeSpec,
+    temperature: float = 0.0,
+    num_samples: int = 1,
+    seed: int = 0,
+    batch_size: int = 128,
+) -> HeldOutEpisodes:
+    """`num_samples` episodes per held-out row in its environment (greedy at
+    `temperature == 0`), row i on environment seed i (the same episodes in every evaluation);
+    sampling seeded by `seed`. The return adds the task's verifier only where training does:
+    evaluation reads the environment's return."""
+    engine = HFEngine(model, tokenizer)
+    generator = torch.Generator(next(model.parameters()).device).manual_seed(seed)
+    per_call = max(1, batch_size // num_samples)
+    returns: list[list[float]] = []
+    turns: list[list[int]] = []
+    replies: list[list[str]] = []
+    for start in range(0, len(rows), per_call):
+        chunk = rows[start : start + per_call]
+        episodes = run_episodes(
+            engine,
+            spec.renderer,
+            spec.factory,
+            chunk,
+            list(range(start, start + len(chunk))),
+            num_samples,
+            spec.limits,
+            temperature,
+            generator,
+            tokenizer.decode,
+            tokenizer.eos_token_id,
+        )
+        for i in range(len(chunk)):
+            mine = episodes[i * num_samples : (i + 1) * num_samples]
+            returns.append([e.episode_return(spec.limits.turn_discount) for e in mine])
+            turns.append([len(e.replies) for e in mine])
+            replies.append([e.final_reply for e in mine])
+    return HeldOutEpisodes(returns, turns, replies)
 
 
 # --- a pipeline stage's model, per thinking mode ------------------------------------------

@@ -35,6 +35,7 @@ from rlvr.config import ConfigError
 from rlvr.report.run_dir import RunDirectory, read_jsonl
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine, RolloutEngine
+from rlvr.rollout.episodes import EpisodeSpec
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.tasks.rewards import RewardFn
 from rlvr.train.agreement import agreement_check
@@ -59,7 +60,7 @@ from rlvr.train.distributed import (
 )
 from rlvr.train.learner import Learner, UpdateBatch
 from rlvr.train.monitor import HackingMonitor, ZeroRewardWatch, sample_records
-from rlvr.train.rollouts import AsyncRollout, BroadcastRollout, Rollout
+from rlvr.train.rollouts import AsyncRollout, BroadcastRollout, EpisodeRollout, Rollout
 from rlvr.train.state import TrainState, build_state
 from rlvr.train.strategy import make_strategy
 from rlvr.train.teacher import distill_metrics, load_teacher
@@ -187,6 +188,7 @@ def build_trainer(
     reward_weights: Sequence[float] | None = None,
     engine: RolloutEngine | None = None,
     dist_ctx: DistContext | None = None,
+    episodes: EpisodeSpec | None = None,
 ) -> Trainer:
     """Check and resolve `config`, seed and build the state, and the two roles around it; the
     engine defaults to sampling in process with the policy itself. With
@@ -206,7 +208,11 @@ def build_trainer(
 
     With `teacher` set, the teacher is loaded once (`load_teacher`: frozen, on `model`'s device
     and dtype; a `TeacherError` when its tokenizer is not `tokenizer`) and given to the
-    learner."""
+    learner.
+
+    With `episodes` (a multi-turn task: `--env`), the rollouts are episodes in its environment
+    (`EpisodeRollout`, through the engine's token-level `generate_tokens`), and the loss, KL,
+    ratios and divisors count only the tokens the policy sampled (`RolloutBatch.policy_mask`)."""
     strategy = make_strategy(dist_ctx)
     strategy.check_async(config.async_steps)
     threads = _learner_threads(config.async_steps)
@@ -242,9 +248,25 @@ def build_trainer(
     if engine is None:
         sampler = copy.deepcopy(model).eval() if plan.async_steps > 0 else model
         engine = HFEngine(sampler, tokenizer, strategy.engine_workers(workers))
-    rollout = Rollout(
-        engine, train_rows, reward_fns, weights, plan.sampling, tokenizer.pad_token_id
-    )
+    if episodes is None:
+        rollout = Rollout(
+            engine, train_rows, reward_fns, weights, plan.sampling, tokenizer.pad_token_id
+        )
+    else:  # several turns in an environment (`--env`): the engine's token-level call
+        if not hasattr(engine, "generate_tokens"):
+            raise ConfigError(
+                f"--env runs episodes through an engine's token-level call, which "
+                f"{type(engine).__name__} does not have yet; use --rollout.engine hf"
+            )
+        rollout = EpisodeRollout(
+            engine,
+            train_rows,
+            reward_fns,
+            weights,
+            plan.sampling,
+            tokenizer.pad_token_id,
+            episodes,
+        )
     if plan.async_steps > 0:
         rollout = AsyncRollout(rollout, plan.async_steps, config.worker_timeout_s)
     rollout = strategy.share_rollout(rollout)
@@ -286,6 +308,7 @@ def train_grpo(
     engine: RolloutEngine | None = None,
     initial_eval: dict[str, float] | None = None,
     dist_ctx: DistContext | None = None,
+    episodes: EpisodeSpec | None = None,
 ) -> list[dict[str, Any]]:
     """Run the config's steps, logging to `run`; returns the metric records. The loop reads
     only its `LoopPlan` (`build_loop_plan`); the step's switches are the trainer's `StepPlan`.
@@ -309,7 +332,16 @@ def train_grpo(
     """
     ctx = dist_ctx or single_process(next(model.parameters()).device)
     t = build_trainer(
-        model, tokenizer, train_rows, reward_fns, config, seed, reward_weights, engine, ctx
+        model,
+        tokenizer,
+        train_rows,
+        reward_fns,
+        config,
+        seed,
+        reward_weights,
+        engine,
+        ctx,
+        episodes,
     )
     loop = build_loop_plan(config)
     monitor = HackingMonitor(

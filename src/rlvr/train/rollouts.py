@@ -23,6 +23,13 @@ from rlvr import algo
 from rlvr.config import warn
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import RolloutEngine
+from rlvr.rollout.episodes import (
+    EpisodeSpec,
+    episode_batch,
+    episode_metrics,
+    run_episodes,
+    to_device,
+)
 from rlvr.rollout.sampler import RolloutBatch, concat_batches, select_rows
 from rlvr.tasks.rewards import RewardFn, reward_columns, total_rewards
 from rlvr.train.config import SamplingPlan
@@ -122,6 +129,76 @@ class Rollout:
 
     def close(self, wait: bool = True) -> None:
         """Nothing to stop (`AsyncRollout` stops its thread)."""
+
+
+class EpisodeRollout(Rollout):
+    """Rollouts over several turns: each row's `group_size` episodes in its environment
+    (`rlvr.rollout.episodes.run_episodes`, the group on one seed drawn from the loop's
+    generator), as one `RolloutBatch` with an action mask. An episode's reward is its
+    environment's return (turn rewards discounted by `limits.turn_discount`), plus the task's
+    verifiers on its final reply when `episodes.verify` is on. Dynamic sampling, async
+    sampling and the broadcast to ranks wrap it as they wrap `Rollout`. Metrics add `env/*`
+    (turns, statuses, tool calls, errors and timeouts, env-token share, seconds)."""
+
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        rows: Iterator[dict[str, Any]],
+        reward_fns: Sequence[RewardFn],
+        reward_weights: Sequence[float],
+        plan: SamplingPlan,
+        pad_id: int,
+        episodes: EpisodeSpec,
+    ) -> None:
+        super().__init__(engine, rows, reward_fns, reward_weights, plan, pad_id)
+        self.episodes = episodes
+
+    def _round(
+        self, generator: torch.Generator, timer: StepTimer
+    ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
+        plan, spec = self.plan, self.episodes
+        rows = [next(self.rows) for _ in range(plan.prompts_per_step)]
+        self.consumed += len(rows)
+        seeds = torch.randint(
+            0, 2**31 - 1, (len(rows),), generator=generator, device=generator.device
+        )
+        tokenizer = spec.renderer.tokenizer
+        with timer("generate"):
+            episodes = run_episodes(
+                self.engine,  # type: ignore[arg-type]  # checked when built: generate_tokens
+                spec.renderer,
+                spec.factory,
+                rows,
+                seeds.tolist(),
+                plan.group_size,
+                spec.limits,
+                plan.temperature,
+                generator,
+                tokenizer.decode,
+                tokenizer.eos_token_id,
+            )
+        batch = episode_batch(episodes, plan.group_size, self.pad_id)
+        batch.rows, batch.row_index = rows, batch.group_ids.clone()
+        rewards = torch.tensor([e.episode_return(spec.limits.turn_discount) for e in episodes])
+        metrics = episode_metrics(episodes)
+        if spec.verify:
+            with timer("verify"):
+                per_completion = [rows[i] for i in batch.row_index.tolist()]
+                verified, verify_metrics = total_rewards(
+                    self.reward_fns,
+                    self.reward_weights,
+                    [r["prompt"] for r in per_completion],
+                    batch.completions,
+                    reward_columns(per_completion),
+                    timeout_s=plan.verify_timeout_s,
+                )
+            rewards, metrics = rewards + verified, metrics | verify_metrics
+        device = self.engine_device()
+        return to_device(batch, device), rewards.to(device), metrics
+
+    def engine_device(self) -> torch.device:
+        model = getattr(self.engine, "model", None)
+        return next(model.parameters()).device if model is not None else torch.device("cpu")
 
 
 Collected = tuple[RolloutBatch, torch.Tensor, dict[str, float]]
