@@ -143,7 +143,8 @@ class ChatTemplateTurns:
     def check(self) -> None:
         """Refuse a template that rewrites earlier turns when one is appended."""
         think = {"role": "assistant", "content": "<think>a</think>b"}
-        conversation = [*_BASE, {"role": "user", "content": "z"}, think]
+        user = {"role": "user", "content": "z"}
+        conversation = [user, think, {"role": "tool", "content": "1"}, user, think]
         for k in range(1, len(conversation)):
             before = self._render(conversation[:k], generation_prompt=False)
             after = self._render(conversation[: k + 1], generation_prompt=False)
