@@ -18,6 +18,7 @@ from rlvr.report.timer import StepTimer
 from rlvr.rollout.engine import HFEngine
 from rlvr.rollout.episodes import (
     ChatTemplateTurns,
+    EpisodeError,
     EpisodeLimits,
     EpisodeSpec,
     PlainTurns,
@@ -496,3 +497,33 @@ def test_a_template_without_the_eos_turn_end_is_refused():
     template = CHATML.replace("<|endoftext|>", "<|end|>")
     with pytest.raises(TemplateError, match="EOS token"):
         ChatTemplateTurns(templated(template))
+
+
+def test_a_group_must_open_from_one_state():
+    class Random(CountEnv):
+        count = 0
+
+        def reset(self, row, *, seed):
+            Random.count += 1
+            return [{"role": "user", "content": f"{Random.count}"}], [], {}
+
+    episodes = run(ScriptedEngine(["x"]), Random, [{"prompt": "Q"}], group_size=2)
+    with pytest.raises(EpisodeError, match="must start from one state"):
+        episode_batch(episodes, 2, TOKENIZER.pad_token_id)
+
+
+def test_a_failed_reset_takes_its_groups_opening():
+    class Flaky(CountEnv):
+        count = 0
+
+        def reset(self, row, *, seed):
+            Flaky.count += 1
+            if Flaky.count == 1:
+                raise OSError("no connection")
+            return super().reset(row, seed=seed)
+
+    episodes = run(ScriptedEngine(["x"]), Flaky, [{"prompt": "Q:"}], group_size=2)
+    assert [e.status for e in episodes] == ["error", "done"]
+    batch = episode_batch(episodes, 2, TOKENIZER.pad_token_id)
+    assert batch.prompt_ids[0].tolist() == batch.prompt_ids[1].tolist() == ids("Q:")
+    assert batch.policy_mask[0].sum() == 0

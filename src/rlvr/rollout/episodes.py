@@ -431,7 +431,8 @@ def episode_batch(episodes: Sequence[Episode], group_size: int, pad_id: int) -> 
     `action_mask` 1 on the sampled ones, log-probs NaN on the environment's and 0 on padding;
     `truncated` where the status is "truncated"; `completions` the final replies."""
     n = len(episodes)
-    p = max(1, max(len(e.prompt_ids) for e in episodes))
+    openings = _group_openings(episodes, group_size)
+    p = max(1, max(len(o) for o in openings))
     t = max(1, max(len(e.ids) for e in episodes))
     prompt_ids = torch.full((n, p), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((n, p), dtype=torch.long)
@@ -439,10 +440,10 @@ def episode_batch(episodes: Sequence[Episode], group_size: int, pad_id: int) -> 
     completion_mask = torch.zeros((n, t))
     action_mask = torch.zeros((n, t))
     logprobs = torch.zeros((n, t))
-    for i, e in enumerate(episodes):
-        if e.prompt_ids:
-            prompt_ids[i, p - len(e.prompt_ids) :] = torch.tensor(e.prompt_ids)
-            prompt_mask[i, p - len(e.prompt_ids) :] = 1
+    for i, (e, opening) in enumerate(zip(episodes, openings)):
+        if opening:
+            prompt_ids[i, p - len(opening) :] = torch.tensor(opening)
+            prompt_mask[i, p - len(opening) :] = 1
         k = len(e.ids)
         if k:
             completion_ids[i, :k] = torch.tensor(e.ids)
@@ -460,6 +461,28 @@ def episode_batch(episodes: Sequence[Episode], group_size: int, pad_id: int) -> 
         completions=[e.final_reply for e in episodes],
         action_mask=action_mask,
     )
+
+
+class EpisodeError(UserError, ValueError):
+    """An environment broke a rule of the loop (the message says which and what to change)."""
+
+
+def _group_openings(episodes: Sequence[Episode], group_size: int) -> list[list[int]]:
+    """Each episode's opening prompt ids, one per group: the update may run a group's prompt
+    once for all its rows. An episode whose `reset` failed (no opening) takes its group's; a
+    group whose episodes opened differently is refused."""
+    openings = []
+    for start in range(0, len(episodes), group_size):
+        group = [e.prompt_ids for e in episodes[start : start + group_size]]
+        opened = [ids for ids in group if ids]
+        if any(ids != opened[0] for ids in opened):
+            raise EpisodeError(
+                "the environment's reset gave the episodes of one group different opening "
+                "messages; a group's episodes get the same row and seed and must start from one "
+                "state: make reset depend on its row and seed only"
+            )
+        openings += [opened[0] if opened else []] * len(group)
+    return openings
 
 
 def turn_reward_tokens(episodes: Sequence[Episode], width: int) -> torch.Tensor:
