@@ -527,3 +527,41 @@ def test_a_failed_reset_takes_its_groups_opening():
     batch = episode_batch(episodes, 2, TOKENIZER.pad_token_id)
     assert batch.prompt_ids[0].tolist() == batch.prompt_ids[1].tolist() == ids("Q:")
     assert batch.policy_mask[0].sum() == 0
+
+
+@pytest.mark.parametrize("ranks", [0, 2])
+def test_a_multi_turn_step_splits_across_micro_batches_and_ranks(ranks):
+    """The loss-split identities of `rlvr check-loss` on an episode batch: micro-batches, two
+    worker threads (ranks 0) and two simulated torch.distributed ranks give the one-pass
+    gradient (the divisors count the policy's tokens of the whole step)."""
+    torch.manual_seed(0)
+    model = tiny_model(seed=5).train()
+    batch, rewards = sampled_batch(model)
+    for aggregation in ("token-mean", "seq-mean-token-mean"):
+        config = GRPOConfig(max_new_tokens=40, aggregation=aggregation)
+        plan, inputs = step_inputs(config, batch, rewards)
+        reference = loss_checks._step_gradient(model, plan, inputs, micro_batch_tokens=0)
+        result = loss_checks._check_split(model, config, plan, inputs, reference, ranks=ranks)
+        assert result.applicable and result.passed, result.detail
+
+
+def test_the_token_mean_divides_by_the_policys_tokens_only():
+    """On-policy (ratio 1) the token-mean step's gradient is that of
+    -sum(A_i * logp_it * action_it) / sum(action_it): environment tokens neither add terms nor
+    count in the divisor."""
+    torch.manual_seed(0)
+    model = tiny_model(seed=6).train()
+    batch, rewards = sampled_batch(model)
+    mask = batch.policy_mask
+    assert mask.sum() < batch.completion_mask.sum()
+    logp = completion_logprobs(model, *batch.model_inputs(), 1.0)
+    on_policy = dataclasses.replace(batch, logprobs=torch.where(mask.bool(), logp.detach(), 0.0))
+    config = GRPOConfig(max_new_tokens=40, aggregation="token-mean")
+    plan, inputs = step_inputs(config, on_policy, rewards)
+    _, grad = gradient(model, plan, inputs)
+    model.zero_grad()
+    advantages = inputs.advantages.float()
+    expected = -(advantages[:, None] * logp * mask).sum() / mask.sum()
+    expected.backward()
+    want = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
+    close(grad, want, atol=1e-6)
