@@ -65,18 +65,15 @@ def run(scripts: list[list[str]], rows, group_size: int = 1, factory=gn.GuessNum
 def test_hints_and_reward_by_hand():
     env = gn.GuessNumberEnv()
     messages, tools, _ = env.reset(gn.row(37), seed=5)
-    assert messages == [{"role": "user", "content": "guess 0-99\n"}] and tools == []
-    assert env.step("49") == (
-        [{"role": "user", "content": "lower  \n"}],
-        0.0,
-        False,
-        {"hint": "lower"},
-    )
-    assert env.step("20")[0][0]["content"] == "higher \n"
-    assert env.step("x7")[:3] == ([{"role": "user", "content": "invalid\n"}], 0.0, False)
-    assert env.step("123")[0][0]["content"] == "invalid\n"  # three digits: not 0-99
+    assert messages == [{"role": "user", "content": "guess  00-99\n"}] and tools == []
+    lower = [{"role": "user", "content": "lower  00-48\n"}]
+    assert env.step("49") == (lower, 0.0, False, {"hint": "lower"})
+    assert env.step("20")[0][0]["content"] == "higher 21-48\n"
+    assert env.step("60")[0][0]["content"] == "lower  21-48\n"  # outside: nothing learnt
+    assert env.step("x7")[:3] == ([{"role": "user", "content": "invalid21-48\n"}], 0.0, False)
+    assert env.step("123")[0][0]["content"] == "invalid21-48\n"  # three digits: not 0-99
     assert env.step(" 37 ")[1:3] == (1.0, True)
-    assert {len(h) for h in gn.HINTS.values()} == {8}  # fixed width
+    assert {len(gn.message(w, 3, 45)) for w in gn.HINT_WORDS} == {len(gn.OPENING)} == {13}
 
 
 def test_seven_guesses_end_the_game_unsolved():
@@ -108,10 +105,16 @@ def test_perfect_bisection_by_hand_and_always_within_seven():
         assert guesses[-1] == secret and len(guesses) <= 7
 
 
+def test_narrow_by_hand():
+    assert gn.narrow(0, 99, "49", "higher") == (50, 99)
+    assert gn.narrow(50, 99, "74", "lower") == (50, 73)
+    assert gn.narrow(50, 73, "20", "higher") == (50, 73)  # a wasted guess
+    assert gn.narrow(50, 73, "ab", "invalid") == (50, 73)
+    assert gn.narrow(50, 73, "61", "correct") == (61, 61)
+
+
 def test_slips_by_hand():
     rng = random.Random(0)
-    assert {gn._slipped("creep", 50, 99, (49, "higher"), rng) for _ in range(50)} == {50, 51, 52}
-    assert {gn._slipped("creep", 0, 48, (49, "lower"), rng) for _ in range(50)} == {46, 47, 48}
     assert gn._slipped("ignore", 50, 99, (49, "higher"), rng) == 24  # the middle of 0..48
     assert gn._slipped("ignore", 0, 48, (49, "lower"), rng) == 74  # the middle of 50..99
     offs = {gn._slipped("off", 0, 99, None, rng) for _ in range(300)}
@@ -137,45 +140,38 @@ def test_split_is_disjoint_and_fixed():
     assert rows != list(itertools.islice(spec.train_rows(4), 500))
 
 
-def test_corpus_seeded_and_plays_training_secrets():
-    pairs = list(itertools.islice(gn.corpus(7, 0.65), 400))
-    assert pairs == list(itertools.islice(gn.corpus(7, 0.65), 400))
-    assert pairs != list(itertools.islice(gn.corpus(8, 0.65), 400))
-    games = [[]]
-    for prompt, reply in pairs:
-        if prompt == gn.OPENING and games[-1]:
-            games.append([])
-        games[-1].append((prompt, reply))
+def test_games_and_corpus_seeded_on_training_secrets():
+    games = list(itertools.islice(gn.games(7, 0.65), 150))
+    assert games == list(itertools.islice(gn.games(7, 0.65), 150))
+    assert games != list(itertools.islice(gn.games(8, 0.65), 150))
     secrets = endless_shuffles(gn.train_secrets(), 7)
-    for game in games[:-1]:  # the last may be cut short
-        secret = next(secrets)
-        guesses = [int(reply) for _, reply in game]
-        assert game == gn.conversation(secret, guesses)  # the hints are this secret's
-        won = guesses[-1] == secret
-        assert won or len(guesses) == 7
+    assert [s for s, _ in games] == [next(secrets) for _ in games]
+    for secret, guesses in games:
+        assert guesses[-1] == secret or len(guesses) == 7
+        assert secret not in guesses[:-1] and all(0 <= g <= 99 for g in guesses)
+    # the corpus: the games' pairs in order, a share of the first two turns left out
+    everything = [pair for s, g in games for pair in gn.conversation(s, g)]
+    pairs = list(itertools.islice(gn.corpus(7, 0.65), 300))
+    assert pairs == list(itertools.islice(gn.corpus(7, 0.65), 300))
+    rest = iter(everything)
+    assert all(any(pair == other for other in rest) for pair in pairs)  # a subsequence
+    openings = sum(prompt == gn.OPENING for prompt, _ in pairs)
+    assert 0.1 * 150 < openings < 0.45 * 150  # KEEP[0] = 0.25 of ~140 games
     assert all(len(r) == 2 and r.isdigit() for _, r in pairs)
     with pytest.raises(ValueError, match="flaw_prob"):
         next(gn.corpus(0, 1.5))
 
 
 def test_corpus_prompts_are_what_the_loop_renders():
-    pairs = list(itertools.islice(gn.corpus(0, 0.65), 200))
-    games, start = [], 0
-    for i in range(1, len(pairs) + 1):
-        if i == len(pairs) or pairs[i][0] == gn.OPENING:
-            games.append(pairs[start:i])
-            start = i
-    secrets = endless_shuffles(gn.train_secrets(), 0)
-    games = games[:-1]
-    rows = [gn.row(next(secrets)) for _ in games]
-    episodes, engine = run([[r for _, r in g] for g in games], rows)
-    assert any(len(g) >= 5 for g in games)
-    for game, seen, episode in zip(games, engine.prompts, episodes):
-        assert len(seen) == len(game)
-        for (prompt, _), ids in zip(game, seen):
-            assert ids == TOKENIZER(prompt)["input_ids"]
-        won = game[-1][1] == f"{int(episode.replies[-1]):02d}" and episode.turn_rewards[-1] == 1
-        assert won == (episode.episode_return(1.0) == 1.0)
+    games = list(itertools.islice(gn.games(0, 0.65), 40))
+    conversations = [gn.conversation(s, g) for s, g in games]
+    rows = [gn.row(s) for s, _ in games]
+    episodes, engine = run([[r for _, r in c] for c in conversations], rows)
+    assert any(len(c) >= 6 for c in conversations)
+    for pairs, seen, episode, row in zip(conversations, engine.prompts, episodes, rows):
+        assert seen == [TOKENIZER(prompt)["input_ids"] for prompt, _ in pairs]
+        assert episode.replies == [r for _, r in pairs]
+        assert episode.episode_return(1.0) == float(int(pairs[-1][1]) == row["secret"])
 
 
 def test_a_group_shares_the_secret():
@@ -204,5 +200,5 @@ def test_score_and_reward_fn():
 def test_budgets_fit_the_tiny_model():
     spec = gn.task_spec()
     assert spec.max_turns == 7 and spec.environment is gn.GuessNumberEnv
-    assert spec.episode_tokens == 7 * 4 + 6 * 8
+    assert spec.episode_tokens == 7 * 4 + 6 * 13
     check_shape(spec, TinyModelConfig(), spec.episode_tokens)

@@ -3,45 +3,47 @@
 The episode as the lab's character model sees it (`rlvr.rollout.episodes.PlainTurns`: each
 turn's message contents concatenated, every reply ended by the EOS token):
 
-    guess 0-99\\n  49<EOS>higher \\n  74<EOS>lower  \\n  61<EOS>correct\\n
+    guess  00-99\\n  49<EOS>higher 50-99\\n  74<EOS>lower  50-73\\n  61<EOS>correct61-61\\n
 
-The opening is `OPENING`; a reply is the guess (the model writes it as two digits, `07`; the
-environment also takes `7`); the environment answers with one of `HINTS`, every one seven
-characters and a newline: `higher ` (the secret is above the guess), `lower  `, `invalid`
-(a reply that is not a number in 0-99: a guess spent) or `correct` (reward 1, the episode
-ends). Seven guesses without `correct` end the episode with reward 0 (`MAX_TURNS`). The reward
-is 1 or 0, never discounted here: `--env.turn-discount` weights a later success less if a run
-wants it, and the lab's `sampled_turns_per_success` shows whether training shortened the
-games.
+The opening is `OPENING`; a reply is the guess (the model writes two digits, `07`; the
+environment also takes `7`). The environment answers (`message`) with a word padded to seven
+characters, `higher` (the secret is above the guess), `lower`, `invalid` (not a number in
+0-99: a guess spent) or `correct` (reward 1, the episode ends), then the interval lo-hi that
+all hints so far leave and a newline. Seven guesses without `correct` end the episode with
+reward 0 (`MAX_TURNS`). The reward is 1 or 0, never discounted here: `--env.turn-discount`
+weights a later success less if a run wants it, and the lab's `sampled_turns_per_success`
+shows whether training shortened the games.
 
-Fixed widths are what let the 1 M-parameter model play at all: every reply is 2 characters
-plus EOS and every hint 8, so turn k's hint always sits at the same distance from the reply
-being written, and the model can read the hints by relative position (the trick of
+Why the interval is in the message: a first version answered the bare words (`higher \\n`),
+so the model had to recover the interval from the whole history. The lab's tiny base
+(1.2 M parameters, 800 steps of 16 pairs, flaw_prob 0.65) learnt the first three levels of
+bisection and then repeated its last guess: 20 % of the 100 secrets greedy, 13 % sampled
+(24 % and 19 % after 2,000 steps). With the interval stated, the next guess is a function of
+the five characters just before it, and the same base solves 35 % greedy, 25 % sampled.
+Every message is 13 characters and every reply 2 plus EOS, so the interval always sits at
+the same distance from the guess being written (the fixed-width trick of
 `rlvr.tasks.arithmetic`). Seven guesses are exactly what bisection needs for 100 numbers
 (2**7 - 1 = 127 >= 100), so a wasted guess early costs some secrets and not others.
 
 Rows and the split: a row carries the secret (`secret`, `answer` its two digits); the
-environment reads it from the row and ignores the seed, so the G episodes of a group (one row)
-share the secret. `HELD_OUT_SIZE` of the 100 secrets, drawn first from a fixed seed, are held
-out (the held-out rows, one per secret); training rows and the corpus use only the other
-secrets. The policy (bisection) is the same for every secret, so what the held-out secrets
-test is the play on games the model has never been rewarded on, not a new skill.
+environment reads it from the row and ignores the seed, so the G episodes of a group (one
+row) share the secret. `HELD_OUT_SIZE` of the 100 secrets, drawn first from a fixed seed, are
+held out (the held-out rows, one per secret); training rows and the corpus use only the
+other 70. The skill (bisection) is the same for every secret, so the held-out secrets test
+play on games the model was never rewarded on, not a new skill.
 
-Flawed corpus: (conversation so far, next guess) pairs, every turn of a game, from a noisy
-bisection player. It tracks the interval the hints leave, lo..hi, and usually guesses its
-middle, (lo + hi) // 2, but slips (`slip_rate`: the chance grows with the turn, `flaw_prob`
-times `TURN_RATES[k]`) with realistic habits:
+Flawed corpus: (conversation so far, next guess) pairs from a noisy bisection player. It
+keeps the interval lo..hi and usually guesses its middle, (lo + hi) // 2, but slips
+(`slip_rate`: the chance grows with the turn, `flaw_prob` times `TURN_RATES[k]`):
   * "off": a guess off the middle by 1 to a quarter of the interval, still inside it (costs
-    little: the halves become unequal);
-  * "creep": a timid step just past the last guess, 1-3 beyond it (nearly a wasted guess);
+    little or a guess: the halves become unequal);
   * "ignore": the last hint read the wrong way, the middle of the other side of the last
     guess (a wasted guess: the secret cannot be there).
-The player keeps the true interval after a slip. Of the slips, "creep" is the habit after
-`higher`, "ignore" after `lower` (`HABIT_SHARE` of them), the rest drawn by `_SLIP_WEIGHTS`.
-At the lab's flaw_prob 0.65 this player wins about 40 % of its games (`play` measures it), so
-the base solves some episodes and not others, and RL has wins to select.
-
-Every number written is the player's own (a guess never leaves 0-99).
+"off" is the habit after `higher`, "ignore" after `lower` (`HABIT_SHARE` of the slips), the
+rest drawn by `_SLIP_WEIGHTS`. At the lab's flaw_prob 0.65 this player wins 58 % of its
+games; the base model, an imperfect copy, fewer. The corpus keeps every pair of a game from
+turn 2 on and a share of the first two (`KEEP`: the first guesses are nearly always the same,
+and the base's few steps are better spent on the later ones).
 """
 
 from __future__ import annotations
@@ -57,15 +59,18 @@ from rlvr.tasks.spec import Row, TaskSpec, endless_shuffles
 NAME = "guess_number"
 LOW, HIGH = 0, 99
 MAX_TURNS = 7
-OPENING = f"guess {LOW}-{HIGH}\n"
-HINTS = {
-    "higher": "higher \n",
-    "lower": "lower  \n",
-    "invalid": "invalid\n",
-    "correct": "correct\n",
-}
-"""The environment's message after a guess: each seven characters and a newline."""
-HINT_CHARS = len(HINTS["higher"])
+HINT_WORDS = ("higher", "lower", "invalid", "correct")
+"""What the environment says of a guess; its message adds the interval the hints leave."""
+
+
+def message(word: str, lo: int, hi: int) -> str:
+    """The environment's message: the word padded to seven characters, the interval the hints
+    so far leave, a newline (`higher 50-99\\n`): every message 13 characters."""
+    return f"{word:<7}{lo:02d}-{hi:02d}\n"
+
+
+OPENING = message("guess", LOW, HIGH)
+HINT_CHARS = len(OPENING)
 REPLY_CHARS = 2  # a guess as two digits
 MAX_NEW_TOKENS = REPLY_CHARS + 2  # one character of slack, then EOS
 EPISODE_TOKENS = MAX_TURNS * MAX_NEW_TOKENS + (MAX_TURNS - 1) * HINT_CHARS
@@ -107,7 +112,7 @@ def parse_guess(reply: str) -> int | None:
 
 
 def hint(secret: int, reply: str) -> str:
-    """The hint's key (`HINTS`) for this reply to this secret."""
+    """The hint's word (`HINT_WORDS`) for this reply to this secret."""
     guess = parse_guess(reply)
     if guess is None:
         return "invalid"
@@ -116,12 +121,23 @@ def hint(secret: int, reply: str) -> str:
     return "higher" if secret > guess else "lower"
 
 
+def narrow(lo: int, hi: int, reply: str, word: str) -> tuple[int, int]:
+    """The interval lo..hi after `reply` got `word` (unchanged by an invalid guess or one
+    outside it)."""
+    guess = parse_guess(reply)
+    if guess is None or word == "invalid":
+        return lo, hi
+    if word == "correct":
+        return guess, guess
+    return (max(lo, guess + 1), hi) if word == "higher" else (lo, min(hi, guess - 1))
+
+
 class GuessNumberEnv:
     """One game (`rlvr.rollout.episodes.Environment`): the secret from the row."""
 
     def __init__(self) -> None:
         self.secret: int | None = None
-        self.guesses = 0
+        self.guesses, self.lo, self.hi = 0, LOW, HIGH
 
     def reset(
         self, row: Mapping[str, Any], *, seed: int
@@ -129,17 +145,19 @@ class GuessNumberEnv:
         secret = int(row["secret"])
         if not LOW <= secret <= HIGH:
             raise ValueError(f"secret must be in {LOW}-{HIGH}, got {secret}")
-        self.secret, self.guesses = secret, 0
+        self.secret, self.guesses, self.lo, self.hi = secret, 0, LOW, HIGH
         return [{"role": "user", "content": OPENING}], [], {}
 
     def step(self, reply: str) -> tuple[list[dict[str, Any]], float, bool, dict[str, Any]]:
         if self.secret is None:
             raise RuntimeError("step before reset")
         self.guesses += 1
-        key = hint(self.secret, reply)
-        done = key == "correct" or self.guesses >= MAX_TURNS
-        reward = 1.0 if key == "correct" else 0.0
-        return [{"role": "user", "content": HINTS[key]}], reward, done, {"hint": key}
+        word = hint(self.secret, reply)
+        self.lo, self.hi = narrow(self.lo, self.hi, reply, word)
+        done = word == "correct" or self.guesses >= MAX_TURNS
+        reward = 1.0 if word == "correct" else 0.0
+        content = message(word, self.lo, self.hi)
+        return [{"role": "user", "content": content}], reward, done, {"hint": word}
 
     def close(self) -> None:
         pass
@@ -191,33 +209,39 @@ def play(secret: int, flaw_prob: float, rng: random.Random) -> list[int]:
         said = hint(secret, f"{guess:02d}")
         if said == "correct":
             break
-        if said == "higher":
-            lo = max(lo, guess + 1)
-        else:
-            hi = min(hi, guess - 1)
+        lo, hi = narrow(lo, hi, f"{guess:02d}", said)
         last = (guess, said)
     return guesses
 
 
 def conversation(secret: int, guesses: Sequence[int]) -> list[tuple[str, str]]:
     """(the conversation before each guess as PlainTurns renders it, the guess) per turn."""
-    pairs, text = [], OPENING
+    pairs, text, lo, hi = [], OPENING, LOW, HIGH
     for guess in guesses:
         reply = f"{guess:02d}"
         pairs.append((text, reply))
-        text += reply + EOS_TOKEN + HINTS[hint(secret, reply)]
+        word = hint(secret, reply)
+        lo, hi = narrow(lo, hi, reply, word)
+        text += reply + EOS_TOKEN + message(word, lo, hi)
     return pairs
 
 
-def corpus(seed: int, flaw_prob: float) -> Iterator[tuple[str, str]]:
-    """Endless (conversation so far, next guess) pairs: every turn of the noisy player's
-    games on the training secrets, in a seeded order."""
+def games(seed: int, flaw_prob: float) -> Iterator[tuple[int, list[int]]]:
+    """Endless (secret, the noisy player's guesses) games on the training secrets, seeded."""
     if not 0.0 <= flaw_prob <= 1.0:
         raise ValueError(f"flaw_prob must be in [0, 1], got {flaw_prob}")
     rng = random.Random(f"guess-number-flaws/{seed}")
     for secret in endless_shuffles(train_secrets(), seed):
-        for turn, pair in enumerate(conversation(secret, play(secret, flaw_prob, rng))):
-            if rng.random() < KEEP[turn]:
+        yield secret, play(secret, flaw_prob, rng)
+
+
+def corpus(seed: int, flaw_prob: float) -> Iterator[tuple[str, str]]:
+    """Endless (conversation so far, next guess) pairs of `games`, turn k's kept with
+    probability `KEEP[k]`."""
+    keep = random.Random(f"guess-number-keep/{seed}")
+    for secret, guesses in games(seed, flaw_prob):
+        for turn, pair in enumerate(conversation(secret, guesses)):
+            if keep.random() < KEEP[turn]:
                 yield pair
 
 
