@@ -44,6 +44,12 @@ rest drawn by `_SLIP_WEIGHTS`. At the lab's flaw_prob 0.65 this player wins 58 %
 games; the base model, an imperfect copy, fewer. The corpus keeps every pair of a game from
 turn 2 on and a share of the first two (`KEEP`: the first guesses are nearly always the same,
 and the base's few steps are better spent on the later ones).
+
+Measured (`rlvr lab --env guess_number`, defaults, 100 GRPO steps, 10 minutes on 2 shared
+cores): held-out greedy 0.367 -> 0.233, sampled 0.221 -> 0.25 (30 secrets, 8 samples each),
+training reward 0.27 -> 0.43 at the last step but about 0.3 on average: GRPO does not yet
+raise held-out success; the base's failures are systematic (a wrong middle for small
+intervals), which sampling rarely escapes.
 """
 
 from __future__ import annotations
