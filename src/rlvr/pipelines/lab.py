@@ -241,6 +241,12 @@ def _check(config: LabConfig, task: TaskSpec) -> None:
     ):
         if value < least:
             raise ConfigError(f"{flag} must be >= {least}, got {value}")
+    if task.environment is not None and (config.rollout.engine != "hf" or config.rollout.ray):
+        flag = "--ray" if config.rollout.ray else f"--engine {config.rollout.engine}"
+        raise ConfigError(
+            f"--env runs episodes through the in-process engine's token-level call, which "
+            f"{flag} does not have yet; drop {flag}"
+        )
     if config.model is not None:
         model_flag(config.model)
     elif task.environment is not None and config.env.name not in ENVIRONMENTS:

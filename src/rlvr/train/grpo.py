@@ -256,7 +256,7 @@ def build_trainer(
         if not hasattr(engine, "generate_tokens"):
             raise ConfigError(
                 f"--env runs episodes through an engine's token-level call, which "
-                f"{type(engine).__name__} does not have yet; use --rollout.engine hf"
+                f"{type(engine).__name__} does not have yet; use --engine hf without --ray"
             )
         rollout = EpisodeRollout(
             engine,
