@@ -1,0 +1,1 @@
+import a_module_that_is_not_installed  # noqa: F401
