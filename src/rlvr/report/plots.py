@@ -218,3 +218,39 @@ def format_table(curve: list[dict[str, Any]]) -> str:
             f"{p['total_tokens']:.1f} | {p['forced_frac']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def plot_environments(runs: dict[str, tuple[str | Path, int]], path: str | Path) -> Path:
+    """Multi-turn lab runs side by side: held-out success (sampled, with its 95% Wilson band
+    over the held-out rows) and replies per episode, against step. `runs` maps a label to
+    (run directory, held-out rows)."""
+    from rlvr.report.stats import wilson_interval
+
+    fig, (success, turns) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=120)
+    colors = ["#0f766e", "#d97706", "#7c3aed", "#dc2626"]
+    for (label, (run, n)), color in zip(runs.items(), colors):
+        points = [m for m in read_jsonl(Path(run) / "metrics.jsonl") if "eval/sampled_acc" in m]
+        steps = [m["step"] for m in points]
+        acc = [m["eval/sampled_acc"] for m in points]
+        bands = [wilson_interval(a, n) for a in acc]
+        success.plot(steps, acc, marker="o", ms=3, lw=2, color=color, label=label)
+        success.fill_between(
+            steps, [b[0] for b in bands], [b[1] for b in bands], color=color, alpha=0.15
+        )
+        turns.plot(
+            steps,
+            [m["eval/sampled_turns"] for m in points],
+            marker="o",
+            ms=3,
+            lw=2,
+            color=color,
+            label=label,
+        )
+    success.set_ylabel("held-out success, sampled (T=1)")
+    success.set_ylim(-0.02, 1.02)
+    turns.set_ylabel("replies per held-out episode, sampled")
+    for ax in (success, turns):
+        ax.set_xlabel("GRPO step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
