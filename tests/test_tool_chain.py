@@ -58,7 +58,7 @@ def test_a_correct_episode_scores_one():
     text = TOKENIZER.decode(e.ids)
     assert (
         text
-        == f"{replies[0]}<|endoftext|>=42\n{replies[1]}<|endoftext|>=126\n#### 126<|endoftext|>"
+        == f"{replies[0]}<|endoftext|>=042\n{replies[1]}<|endoftext|>=126\n#### 126<|endoftext|>"
     )
     assert len(e.ids) <= tool_chain.EPISODE_TOKENS
 

@@ -4,20 +4,21 @@ which the model sees only in the tool's message (`rlvr.tasks.tool_env`, one epis
 An episode as the lab's character model sees it (`rlvr.rollout.episodes.PlainTurns`):
 
     increase 17 by 25, then multiply by 3\\n
-    {"arguments": {"a": 17, "b": 25}, "name": "sum"}<EOS>=42\\n
-    {"arguments": {"a": 42, "b": 3}, "name": "mul"}<EOS>=126\\n
+    {"arguments":{"a":17,"b":25},"name":"sum"}<EOS>=042\\n
+    {"arguments":{"a":42,"b":3},"name":"mul"}<EOS>=126\\n
     #### 126<EOS>
 
 The first step is `increase A by B` (tool `sum`) or `decrease A by B` (tool `sub`) on two-digit
 operands whose result is two digits too (10..99), the second `multiply by K` (tool `mul`, K in
 2..9); calls are bare JSON in `rlvr.tasks.tool_task`'s form (arguments first: the tiny model
 copies by relative position, and every call is one width), checked against the tools' schemas
-and run by `tool_env`; each result comes back as `=RESULT\\n`. A reply without a call ends the
-episode: reward 1 when it is `#### N` with N the chain's true result, else 0. A chat model sees
+and run by `tool_env`; each result comes back in three digits, `=042\\n`. A reply without a call
+ends the episode: reward 1 when it is `#### N` with N the chain's true result (leading zeros
+allowed: the answer copies the tool message's three digits), else 0. A chat model sees
 the same texts as a user turn, assistant turns and "tool" turns through its template.
 
-Budgets: a reply is at most one call (48 characters) plus EOS; an episode three replies and two
-tool messages (at most 120 tokens after the 38-character opening). Four replies at most (one
+Budgets: a reply is at most one call (42 characters) plus EOS; an episode three replies and two
+tool messages (at most 110 tokens after the 38-character opening). Four replies at most (one
 spare: a malformed call gets its error back and may be retried).
 
 Flawed corpus: (the conversation so far, exactly as PlainTurns renders it, the next reply),
@@ -53,8 +54,8 @@ HELD_OUT_SIZE = 200
 HELD_OUT_SEED = 9173
 FACTORS = range(2, 10)
 VERBS = {"sum": "increase", "sub": "decrease"}
-MAX_NEW_TOKENS = 49  # the widest call (48 characters) and EOS
-EPISODE_TOKENS = 3 * MAX_NEW_TOKENS + 2 * len("=999\n") + 8
+MAX_NEW_TOKENS = 44  # the widest call (42 characters, a 3-digit operand 43) and EOS
+EPISODE_TOKENS = 3 * MAX_NEW_TOKENS + 2 * len("=-999\n") + 8
 MAX_TURNS = 4
 
 
@@ -115,16 +116,22 @@ class Chain:
 
 
 def call(tool: str, a: Any, b: Any) -> str:
-    """A call as the model writes it (bare JSON, arguments first)."""
-    return json.dumps({"arguments": {"a": a, "b": b}, "name": tool})
+    """A call as the model writes it (compact bare JSON, arguments first)."""
+    return json.dumps({"arguments": {"a": a, "b": b}, "name": tool}, separators=(",", ":"))
 
 
 def answer_text(value: int) -> str:
-    return f"#### {value}"
+    """The final reply: the result in three digits, as the tool message shows it."""
+    return f"#### {value:03d}"
 
 
 def tool_message(name: str, text: str) -> str:
-    return f"={text}\n"
+    """`=042\n`: an integer result in three digits (a fixed width: the digits to copy sit at
+    one offset), anything else (an error) as it is."""
+    try:
+        return f"={int(text):03d}\n"
+    except ValueError:
+        return f"={text}\n"
 
 
 def _draw(rng: random.Random) -> Chain:
@@ -206,7 +213,7 @@ def episode_replies(
     product = x * k
     final = _off(product, rng) if slipped == 2 else product
     replies = [call(op, a, b), call("mul", x, k), answer_text(final)]
-    return replies, [tool_message("sum", str(first)), tool_message("mul", str(product))]
+    return replies, [tool_message(op, str(first)), tool_message("mul", str(product))]
 
 
 def corpus(seed: int | str, flaw_prob: float) -> Iterator[tuple[str, str]]:
