@@ -565,3 +565,10 @@ def test_the_token_mean_divides_by_the_policys_tokens_only():
     expected.backward()
     want = torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
     close(grad, want, atol=1e-6)
+
+
+def test_the_corpora_end_replies_with_the_tiny_tokenizers_eos():
+    from rlvr.models.tiny import EOS_TOKEN
+    from rlvr.tasks.spec import REPLY_END
+
+    assert REPLY_END == EOS_TOKEN and ids(REPLY_END) == [EOS]

@@ -59,8 +59,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from rlvr.models.tiny import EOS_TOKEN
-from rlvr.tasks.spec import Row, TaskSpec, endless_shuffles
+from rlvr.tasks.spec import REPLY_END, Row, TaskSpec, endless_shuffles
 
 NAME = "guess_number"
 LOW, HIGH = 0, 99
@@ -228,7 +227,7 @@ def conversation(secret: int, guesses: Sequence[int]) -> list[tuple[str, str]]:
         pairs.append((text, reply))
         word = hint(secret, reply)
         lo, hi = narrow(lo, hi, reply, word)
-        text += reply + EOS_TOKEN + message(word, lo, hi)
+        text += reply + REPLY_END + message(word, lo, hi)
     return pairs
 
 

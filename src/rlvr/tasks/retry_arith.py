@@ -39,10 +39,9 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from rlvr.models.tiny import EOS_TOKEN
 from rlvr.tasks import arithmetic
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, Problem
-from rlvr.tasks.spec import Row, TaskSpec
+from rlvr.tasks.spec import REPLY_END, Row, TaskSpec
 from rlvr.verifiers import math as math_verifier
 
 NAME = "retry_arith"
@@ -105,7 +104,7 @@ def conversation(prompt: str, replies: Sequence[str]) -> list[tuple[str, str]]:
     pairs, text = [], prompt
     for reply in replies:
         pairs.append((text, reply))
-        text += reply + EOS_TOKEN + RETRY_MESSAGE
+        text += reply + REPLY_END + RETRY_MESSAGE
     return pairs
 
 

@@ -14,6 +14,12 @@ Row = dict[str, Any]  # "prompt" plus the columns its reward function reads (e.g
 P = TypeVar("P")
 
 
+REPLY_END = "<|endoftext|>"
+"""What ends a reply inside a multi-turn corpus's conversation text: the lab's tiny tokenizer's
+EOS token (`rlvr.models.tiny.EOS_TOKEN`; tasks do not import models, and a test checks the
+two are one), which the character tokenizer keeps whole, as the sampler's EOS id."""
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """A task, as plain callables and values."""

@@ -45,8 +45,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any
 
-from rlvr.models.tiny import EOS_TOKEN
-from rlvr.tasks.spec import Row, TaskSpec, distinct_draws, draws_excluding
+from rlvr.tasks.spec import REPLY_END, Row, TaskSpec, distinct_draws, draws_excluding
 from rlvr.tasks.tool_env import ToolEnv, tool_env
 
 NAME = "tool_chain"
@@ -227,7 +226,7 @@ def corpus(seed: int | str, flaw_prob: float) -> Iterator[tuple[str, str]]:
         for i, reply in enumerate(replies):
             yield seen, reply
             if i < len(messages):
-                seen += reply + EOS_TOKEN + messages[i]
+                seen += reply + REPLY_END + messages[i]
 
 
 def task_spec() -> TaskSpec:
