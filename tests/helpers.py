@@ -48,3 +48,21 @@ def close(actual, expected, atol: float = 1e-6, *, dtype: torch.dtype = torch.fl
         atol=atol,
         rtol=0,
     )
+
+
+class ScriptedEngine:
+    """A token-level engine (`generate_tokens`) for episode tests: call k replies with
+    `replies[k]` (the last one again past the end), the same for every prompt, followed by
+    EOS and cut to the budget (no EOS then), log-prob -0.5 a token; `prompts` records each
+    call's prompt ids."""
+
+    def __init__(self, tokenizer, replies: list[str]) -> None:
+        self.tokenizer, self.replies = tokenizer, replies
+        self.prompts: list[list[list[int]]] = []
+
+    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
+        text = self.replies[min(len(self.prompts), len(self.replies) - 1)]
+        self.prompts.append([list(p) for p in prompts])
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        out = (list(ids) + [self.tokenizer.eos_token_id])[:max_new_tokens]
+        return [(out, [-0.5] * len(out)) for _ in prompts]

@@ -4,10 +4,7 @@ multi-turn run: the action mask and its divisors hold across ranks. The environm
 (tests/data/envs/chatty.py) rewards distinct characters, so the untrained model's groups have
 spread and the gradients compared are not zero."""
 
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +12,7 @@ import pytest
 from rlvr.cli import main
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.train.sft import train_next_token
-from tests.test_distributed_lab import free_port, records
+from tests.test_distributed_lab import records, train_on_two_ranks
 
 ENV = f"{Path(__file__).parent / 'data' / 'envs' / 'chatty.py'}:Chatty"
 ARGS = [
@@ -61,17 +58,7 @@ def test_two_ranks_log_what_one_process_logs_on_episodes(tmp_path):
     save_model(policy, tokenizer, model)
     common = ["--runs-dir", str(runs), "--model", str(model), *ARGS]
     main(["train", "--run-name", "one", *common])
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
-    done = subprocess.run(
-        [*torchrun, "-m", "rlvr", "train", "--run-name", "two", *common],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    train_on_two_ranks(["--run-name", "two", *common])
     one, two = records(runs / "one"), records(runs / "two")
     assert len(one) == len(two) == 2
     for a, b in zip(one, two):

@@ -29,21 +29,26 @@ def records(run_dir) -> list[dict]:
     return [r for r in map(json.loads, lines) if "reward/mean" in r]
 
 
-def test_two_ranks_log_what_one_process_logs(tmp_path):
-    runs, cache = tmp_path / "runs", tmp_path / "cache"
-    common = ["--runs-dir", str(runs), "--cache-dir", str(cache), *ARGS]
-    main(["train", "--run-name", "one", *common])  # also builds the cached base
+def train_on_two_ranks(args: list[str], timeout_s: float = 300) -> None:
+    """`torchrun --nproc-per-node 2 -m rlvr train ARGS` on 127.0.0.1, asserted to succeed."""
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
     torchrun += ["--master-addr", "127.0.0.1", "--master-port", str(free_port())]
     done = subprocess.run(
-        [*torchrun, "-m", "rlvr", "train", "--run-name", "two", *common],
+        [*torchrun, "-m", "rlvr", "train", *args],
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout_s,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_two_ranks_log_what_one_process_logs(tmp_path):
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    common = ["--runs-dir", str(runs), "--cache-dir", str(cache), *ARGS]
+    main(["train", "--run-name", "one", *common])  # also builds the cached base
+    train_on_two_ranks(["--run-name", "two", *common])
     one, two = records(runs / "one"), records(runs / "two")
     assert len(one) == len(two) == 3
     for a, b in zip(one, two):

@@ -14,26 +14,15 @@ from rlvr.cli import main
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model, save_model
 from rlvr.rollout.episodes import EpisodeLimits, PlainTurns, run_episodes
 from rlvr.tasks.env_files import EnvFileError, load_environment, user_env_task
-from tests.helpers import SMALL_TRAIN_FLAGS
+from tests.helpers import SMALL_TRAIN_FLAGS, ScriptedEngine
 
 ENVS = Path(__file__).parent / "data" / "envs"
 TOKENIZER = build_char_tokenizer()
 
 
-class Script:
-    def __init__(self, replies):
-        self.replies, self.turn = replies, 0
-
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
-        text = self.replies[min(self.turn, len(self.replies) - 1)]
-        self.turn += 1
-        out = TOKENIZER(text, add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
-        return [(list(out), [-1.0] * len(out)) for _ in prompts]
-
-
 def episodes(factory, replies, row):
     return run_episodes(
-        Script(replies),
+        ScriptedEngine(TOKENIZER, replies),
         PlainTurns(TOKENIZER),
         factory,
         [row],

@@ -32,7 +32,7 @@ from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train import loss_checks, update
 from rlvr.train.config import GRPOConfig, build_plan
 from rlvr.train.rollouts import AsyncRollout, EpisodeRollout
-from tests.helpers import close
+from tests.helpers import ScriptedEngine, close
 
 TOKENIZER = build_char_tokenizer()
 EOS = TOKENIZER.eos_token_id
@@ -72,21 +72,6 @@ class CountEnv:
         pass
 
 
-class ScriptedEngine:
-    """Replies with the given texts in turn (each followed by EOS, log-prob -0.5 a token) and
-    records every prompt it was given."""
-
-    def __init__(self, replies: list[str]) -> None:
-        self.replies, self.prompts, self.calls = replies, [], 0
-
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
-        self.prompts.append([list(p) for p in prompts])
-        text = self.replies[min(self.calls, len(self.replies) - 1)]
-        self.calls += 1
-        out = (ids(text) + [EOS])[:max_new_tokens]  # cut without EOS past the budget
-        return [(out, [-0.5] * len(out)) for _ in prompts]
-
-
 class RecordingEngine(HFEngine):
     """The in-process engine, recording each call's prompts and what it returned."""
 
@@ -121,7 +106,7 @@ def run(engine, factory, rows, limits=None, group_size=2, seeds=None, temperatur
 
 
 def test_scripted_episode_tokens_masks_and_return():
-    engine = ScriptedEngine(["a1", "b", "c7"])
+    engine = ScriptedEngine(TOKENIZER, ["a1", "b", "c7"])
     (e,) = run(engine, CountEnv, [{"prompt": "Q:"}], group_size=1)
     assert e.status == "done" and e.replies == ["a1", "b", "c7"]
     assert e.prompt_ids == ids("Q:")
@@ -140,7 +125,7 @@ def test_scripted_episode_tokens_masks_and_return():
 
 
 def test_batch_marks_env_tokens_and_pads():
-    engine = ScriptedEngine(["a1", "b", "c7"])
+    engine = ScriptedEngine(TOKENIZER, ["a1", "b", "c7"])
     episodes = run(engine, CountEnv, [{"prompt": "Q:"}, {"prompt": "QQ:"}], group_size=1)
     short = dataclasses.replace(episodes[1])
     short.ids, short.action, short.logprobs = short.ids[:3], short.action[:3], short.logprobs[:3]
@@ -158,7 +143,9 @@ def test_batch_marks_env_tokens_and_pads():
 
 
 def test_turn_rewards_land_on_their_turns_last_token():
-    (e,) = run(ScriptedEngine(["a1", "b", "c7"]), CountEnv, [{"prompt": "Q:"}], group_size=1)
+    (e,) = run(
+        ScriptedEngine(TOKENIZER, ["a1", "b", "c7"]), CountEnv, [{"prompt": "Q:"}], group_size=1
+    )
     rewards = turn_reward_tokens([e], 18)
     expected = torch.zeros(1, 18)
     expected[0, 2], expected[0, 8], expected[0, 15] = 0.5, 0.5, 1.0
@@ -168,7 +155,7 @@ def test_turn_rewards_land_on_their_turns_last_token():
 def test_groups_share_row_and_seed():
     CountEnv.seeds = []
     rows = [{"prompt": "A:"}, {"prompt": "B:"}]
-    episodes = run(ScriptedEngine(["x"]), CountEnv, rows, group_size=3, seeds=[11, 22])
+    episodes = run(ScriptedEngine(TOKENIZER, ["x"]), CountEnv, rows, group_size=3, seeds=[11, 22])
     assert sorted(CountEnv.seeds) == [11, 11, 11, 22, 22, 22]
     assert [e.prompt_ids for e in episodes] == [ids("A:")] * 3 + [ids("B:")] * 3
 
@@ -335,7 +322,9 @@ def test_one_turn_episodes_equal_the_single_turn_step():
 def test_token_budget_cuts_an_overflowing_env_message():
     factory = lambda: CountEnv(5, message="a long message {k}\n")  # noqa: E731
     limits = EpisodeLimits(max_turns=5, max_tokens=20, max_reply_tokens=4)
-    (e,) = run(ScriptedEngine(["ab"]), factory, [{"prompt": "Q:"}], limits=limits, group_size=1)
+    (e,) = run(
+        ScriptedEngine(TOKENIZER, ["ab"]), factory, [{"prompt": "Q:"}], limits=limits, group_size=1
+    )
     assert e.status == "truncated" and len(e.ids) == 19  # room left for no reply token
     assert e.action[:3] == [1, 1, 1] and e.action[3:] == [0] * 16
     batch = episode_batch([e], 1, TOKENIZER.pad_token_id)
@@ -346,11 +335,19 @@ def test_token_budget_cuts_an_overflowing_env_message():
 
 def test_reply_budget_across_turns():
     limits = EpisodeLimits(max_turns=9, max_tokens=12, max_reply_tokens=3)
-    (e,) = run(ScriptedEngine(["abcdef"]), lambda: CountEnv(9, "k\n"), [{"prompt": "Q"}], limits, 1)
+    (e,) = run(
+        ScriptedEngine(TOKENIZER, ["abcdef"]),
+        lambda: CountEnv(9, "k\n"),
+        [{"prompt": "Q"}],
+        limits,
+        1,
+    )
     # each reply is cut at 3 tokens without EOS: the first one ends the episode truncated
     assert e.status == "truncated" and e.ids == ids("abc") and e.turn_rewards == [0.0]
     limits = EpisodeLimits(max_turns=9, max_tokens=11, max_reply_tokens=3)
-    (e,) = run(ScriptedEngine(["a"]), lambda: CountEnv(9, "k\n"), [{"prompt": "Q"}], limits, 1)
+    (e,) = run(
+        ScriptedEngine(TOKENIZER, ["a"]), lambda: CountEnv(9, "k\n"), [{"prompt": "Q"}], limits, 1
+    )
     assert len(e.ids) <= 11 and e.status == "truncated"
 
 
@@ -367,7 +364,7 @@ def test_a_hung_step_times_out_and_a_raising_one_errors_without_stalling_the_bat
     limits = EpisodeLimits(max_turns=3, max_tokens=40, max_reply_tokens=4, step_timeout_s=0.3)
     rows = [{"prompt": "hang"}, {"prompt": "raise"}, {"prompt": "fine"}]
     start = time.monotonic()
-    episodes = run(ScriptedEngine(["7"]), HangingEnv, rows, limits=limits, group_size=1)
+    episodes = run(ScriptedEngine(TOKENIZER, ["7"]), HangingEnv, rows, limits=limits, group_size=1)
     assert time.monotonic() - start < 5
     hung, raised, fine = episodes
     assert hung.status == "timeout" and hung.episode_return(1.0) == 0.0
@@ -388,7 +385,9 @@ def test_episode_clock_bounds_all_calls():
     limits = EpisodeLimits(
         max_turns=9, max_tokens=99, max_reply_tokens=3, step_timeout_s=5, episode_timeout_s=0.4
     )
-    (e,) = run(ScriptedEngine(["1"]), lambda: Slow(9, "k\n"), [{"prompt": "Q"}], limits, 1)
+    (e,) = run(
+        ScriptedEngine(TOKENIZER, ["1"]), lambda: Slow(9, "k\n"), [{"prompt": "Q"}], limits, 1
+    )
     assert e.status == "timeout" and 2 <= len(e.replies) <= 4
 
 
@@ -405,7 +404,7 @@ def test_a_bad_reset_scores_zero_and_says_why(reset, message):
         def reset(self, row, *, seed):
             return reset(row, seed)
 
-    (e,) = run(ScriptedEngine(["x"]), Bad, [{"prompt": "Q"}], group_size=1)
+    (e,) = run(ScriptedEngine(TOKENIZER, ["x"]), Bad, [{"prompt": "Q"}], group_size=1)
     assert e.status == "error" and message in e.info["error"] and e.episode_return(1) == 0.0
 
 
@@ -414,7 +413,7 @@ def test_a_step_returning_garbage_is_an_error():
         def step(self, reply):
             return "a string", 1.0, False, {}
 
-    (e,) = run(ScriptedEngine(["x"]), Bad, [{"prompt": "Q"}], group_size=1)
+    (e,) = run(ScriptedEngine(TOKENIZER, ["x"]), Bad, [{"prompt": "Q"}], group_size=1)
     assert e.status == "error" and "step must return a list of messages" in e.info["error"]
 
 
@@ -507,7 +506,7 @@ def test_a_group_must_open_from_one_state():
             Random.count += 1
             return [{"role": "user", "content": f"{Random.count}"}], [], {}
 
-    episodes = run(ScriptedEngine(["x"]), Random, [{"prompt": "Q"}], group_size=2)
+    episodes = run(ScriptedEngine(TOKENIZER, ["x"]), Random, [{"prompt": "Q"}], group_size=2)
     with pytest.raises(EpisodeError, match="must start from one state"):
         episode_batch(episodes, 2, TOKENIZER.pad_token_id)
 
@@ -522,7 +521,7 @@ def test_a_failed_reset_takes_its_groups_opening():
                 raise OSError("no connection")
             return super().reset(row, seed=seed)
 
-    episodes = run(ScriptedEngine(["x"]), Flaky, [{"prompt": "Q:"}], group_size=2)
+    episodes = run(ScriptedEngine(TOKENIZER, ["x"]), Flaky, [{"prompt": "Q:"}], group_size=2)
     assert [e.status for e in episodes] == ["error", "done"]
     batch = episode_batch(episodes, 2, TOKENIZER.pad_token_id)
     assert batch.prompt_ids[0].tolist() == batch.prompt_ids[1].tolist() == ids("Q:")

@@ -15,6 +15,7 @@ import torch
 from rlvr.models.tiny import build_char_tokenizer
 from rlvr.rollout.episodes import EpisodeLimits, PlainTurns, run_episodes
 from rlvr.tasks.http_env import HTTPEnv, HTTPEnvError, http_env
+from tests.helpers import ScriptedEngine
 
 TOKENIZER = build_char_tokenizer()
 
@@ -84,20 +85,9 @@ def server():
     httpd.server_close()
 
 
-class Script:
-    def __init__(self, replies):
-        self.replies, self.turn = replies, 0
-
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
-        text = self.replies[min(self.turn, len(self.replies) - 1)]
-        self.turn += 1
-        out = TOKENIZER(text, add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
-        return [(list(out), [-1.0] * len(out)) for _ in prompts]
-
-
 def play(factory, replies, group_size=2, step_timeout_s=5.0):
     return run_episodes(
-        Script(replies),
+        ScriptedEngine(TOKENIZER, replies),
         PlainTurns(TOKENIZER),
         factory,
         [{"prompt": "", "answer": 5}],

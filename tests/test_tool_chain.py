@@ -12,27 +12,14 @@ from rlvr.models.tiny import build_char_tokenizer
 from rlvr.rollout.episodes import EpisodeLimits, PlainTurns, run_episodes
 from rlvr.tasks import tool_chain
 from rlvr.tasks.tool_chain import Chain
+from tests.helpers import ScriptedEngine
 
 TOKENIZER = build_char_tokenizer()
 
 
-class Replay:
-    """Replies with the given texts in turn and records the ids it was prompted with."""
-
-    def __init__(self, replies):
-        self.replies, self.prompts = replies, []
-
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
-        (prompt,) = prompts
-        self.prompts.append(list(prompt))
-        text = self.replies[len(self.prompts) - 1]
-        out = TOKENIZER(text, add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
-        return [(list(out), [-1.0] * len(out))]
-
-
 def play(chain: Chain, replies: list[str]):
     spec = tool_chain.task_spec()
-    engine = Replay(replies)
+    engine = ScriptedEngine(TOKENIZER, replies)
     (episode,) = run_episodes(
         engine,
         PlainTurns(TOKENIZER),
@@ -75,7 +62,7 @@ def test_the_corpus_is_what_the_loop_renders():
         chain = Chain(op, a, b, k)
         e, engine = play(chain, [reply for _, reply in episode_pairs])
         for (seen, _), ids in zip(episode_pairs, engine.prompts, strict=True):
-            assert ids == TOKENIZER(seen)["input_ids"]
+            assert ids == [TOKENIZER(seen)["input_ids"]]
         final = episode_pairs[-1][1]
         assert e.episode_return(1.0) == tool_chain.score(final, tool_chain.row(chain))
 

@@ -11,6 +11,7 @@ import torch
 from rlvr.models.tiny import build_char_tokenizer
 from rlvr.rollout.episodes import EpisodeLimits, PlainTurns, run_episodes
 from rlvr.tasks.tool_env import ToolSchemaError, tool_env
+from tests.helpers import ScriptedEngine
 
 TOKENIZER = build_char_tokenizer()
 
@@ -122,22 +123,11 @@ def test_a_function_that_cannot_be_a_tool_is_refused_in_one_line():
         tool_env(multiply, multiply)
 
 
-class Script:
-    def __init__(self, replies):
-        self.replies, self.turn = replies, 0
-
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
-        text = self.replies[self.turn]
-        self.turn += 1
-        out = TOKENIZER(text, add_special_tokens=False)["input_ids"] + [TOKENIZER.eos_token_id]
-        return [(list(out), [-1.0] * len(out)) for _ in prompts]
-
-
 def test_whole_episodes_through_the_loop():
     factory = tool_env(multiply, reward=answered, tool_message=lambda name, text: f"={text}\n")
     replies = [call("multiply", a=6, b=7), "42"]
     episodes = run_episodes(
-        Script(replies),
+        ScriptedEngine(TOKENIZER, replies),
         PlainTurns(TOKENIZER),
         factory,
         [{"prompt": "6*7?", "answer": 42}],

@@ -107,17 +107,23 @@ class Rollout:
             )
         batch.rows = rows  # engines number a call's prompts 0..B-1: row_index indexes rows
         with timer("verify"):
-            per_completion = [rows[i] for i in batch.row_index.tolist()]
-            rewards, metrics = total_rewards(
-                self.reward_fns,
-                self.reward_weights,
-                [r["prompt"] for r in per_completion],
-                batch.completions,
-                reward_columns(per_completion),
-                timeout_s=plan.verify_timeout_s,
-            )
+            rewards, metrics = self._verify(rows, batch)
         # the step's one host-to-device crossing: rewards join the batch on the model's device
         return batch, rewards.to(batch.completion_ids.device), metrics
+
+    def _verify(
+        self, rows: list[dict[str, Any]], batch: RolloutBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The reward functions on the batch's completions, each against its row."""
+        per_completion = [rows[i] for i in batch.row_index.tolist()]
+        return total_rewards(
+            self.reward_fns,
+            self.reward_weights,
+            [r["prompt"] for r in per_completion],
+            batch.completions,
+            reward_columns(per_completion),
+            timeout_s=self.plan.verify_timeout_s,
+        )
 
     def sync(self, learner: HasWeights) -> None:
         """Make the next `collect` sample from the learner's current weights, handed over as a
@@ -183,15 +189,7 @@ class EpisodeRollout(Rollout):
         metrics = episode_metrics(episodes)
         if spec.verify:
             with timer("verify"):
-                per_completion = [rows[i] for i in batch.row_index.tolist()]
-                verified, verify_metrics = total_rewards(
-                    self.reward_fns,
-                    self.reward_weights,
-                    [r["prompt"] for r in per_completion],
-                    batch.completions,
-                    reward_columns(per_completion),
-                    timeout_s=plan.verify_timeout_s,
-                )
+                verified, verify_metrics = self._verify(rows, batch)
             rewards, metrics = rewards + verified, metrics | verify_metrics
         device = self.engine_device()
         return to_device(batch, device), rewards.to(device), metrics
