@@ -67,7 +67,7 @@ def test_the_corpus_is_what_the_loop_renders():
         assert e.episode_return(1.0) == tool_chain.score(final, tool_chain.row(chain))
 
 
-def test_flawed_episodes_score_zero_and_about_a_third_succeed():
+def test_flawed_episodes_score_zero_and_most_succeed():
     rng, wins, total = random.Random(0), 0, 1000
     for chain in itertools.islice(tool_chain.train_chains(0), total):
         replies, _ = tool_chain.episode_replies(chain, rng, 0.65)
@@ -75,7 +75,7 @@ def test_flawed_episodes_score_zero_and_about_a_third_succeed():
         won = tool_chain.score(replies[-1], tool_chain.row(chain))
         assert won == float(replies == clean)  # a slip anywhere makes the answer wrong
         wins += won
-    assert 0.25 < wins / total < 0.40
+    assert 0.5 < wins / total < 0.7  # (1 - 0.65 / 4) ** 3 = 0.59
 
 
 def test_split_is_disjoint_and_seeded():

@@ -23,13 +23,13 @@ spare: a malformed call gets its error back and may be retried).
 
 Flawed corpus: (the conversation so far, exactly as PlainTurns renders it, the next reply),
 from episodes of a careless player. Each of its three replies slips with probability
-`flaw_prob / 2`, one slip an episode at most (so two never cancel), in habits as in
+`flaw_prob / SLIP_DIVISOR` (4), one slip an episode at most (so two never cancel), in habits as in
 `tool_task`: the first call with an operand off by one or the wrong tool for the verb, the
 second call with the first result miscopied (a digit off by one) or the factor off by one, the
 answer with a digit off by one. The tools then return what the flawed call computes and the
 player carries on consistently from it, as a model would: an early slip makes the final answer
-wrong. At the lab's `flaw_prob` 0.65 about a third of the corpus's episodes end right, so the
-base solves some held-out chains and not others.
+wrong. At the lab's `flaw_prob` 0.65 about 60 % of the corpus's episodes end right; the base,
+which also miscopies on its own, solves fewer held-out chains, and not all.
 
 Train and held-out chains never coincide: the held-out set (200) is drawn first from its own
 seed; training draws in it are redrawn.
@@ -56,6 +56,9 @@ VERBS = {"sum": "increase", "sub": "decrease"}
 MAX_NEW_TOKENS = 44  # the widest call (42 characters, a 3-digit operand 43) and EOS
 EPISODE_TOKENS = 3 * MAX_NEW_TOKENS + 2 * len("=-999\n") + 8
 MAX_TURNS = 4
+SLIP_DIVISOR = 4
+"""Each reply slips with probability flaw_prob / SLIP_DIVISOR (three replies must all be right:
+at 2 the lab's base solved 2 % of held-out chains, too few for a group to hold a success)."""
 
 
 def _add(a: int, b: int) -> int:
@@ -194,7 +197,7 @@ def episode_replies(
     chain: Chain, rng: random.Random, flaw_prob: float
 ) -> tuple[list[str], list[str]]:
     """(the careless player's three replies, the two tool messages after the calls)."""
-    slip = flaw_prob / 2
+    slip = flaw_prob / SLIP_DIVISOR
     slipped = next((turn for turn in range(3) if rng.random() < slip), None)  # one at most
     op, a, b = chain.op, chain.a, chain.b
     if slipped == 0:
