@@ -9,7 +9,7 @@ NAME is one of three forms, told apart by what it is:
 3. a TRL-style environment class used unchanged (TRL's `environment_factory`): `__init__(self)`
    without arguments, `reset(self, **row) -> str | None`, its other public methods the tools
    (typed, with docstrings), and an optional `get_reward(self) -> float` read when the episode
-   ends. A string `reset` returns is appended to the row's last user message, as TRL does. The
+   ends. A string `reset` returns is appended to the row's last user message. The
    episode runs as a `tool_env` of the instance's bound methods.
 
 A class is form 2 when its `reset` has a `seed` keyword and takes a positional row, form 3 when
