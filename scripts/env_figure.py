@@ -22,19 +22,25 @@ from rlvr.tasks.registry import ENVIRONMENTS
 
 def main(run_dirs: list[str], out: str = "docs/environments.png") -> None:
     runs = {}
-    print("| environment | held-out | base success | final success | base turns | final turns |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| environment | held-out rows | GRPO steps | sampled success, base | after | "
+        "greedy success, base | after | sampled replies per episode, base | after |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for run in map(Path, run_dirs):
         name = yaml.safe_load((run / "config.yaml").read_text())["env"]["name"]
         n = len(importlib.import_module(ENVIRONMENTS[name]).task_spec().held_out_rows())
         runs[name] = (run, n)
+        summary = json.loads((run / "summary.json").read_text())  # 8 samples a row
         lines = (run / "metrics.jsonl").read_text().splitlines()
-        evals = [r for r in map(json.loads, lines) if "eval/sampled_acc" in r]
-        first, last = evals[0], evals[-1]
+        evals = [r for r in map(json.loads, lines) if "eval/sampled_turns" in r]
         print(
-            f"| {name} | {n} | {format_interval(first['eval/sampled_acc'], n)} "
-            f"| {format_interval(last['eval/sampled_acc'], n)} "
-            f"| {first['eval/sampled_turns']:.2f} | {last['eval/sampled_turns']:.2f} |"
+            f"| {name} | {n} | {summary['steps']} "
+            f"| {format_interval(summary['base_sampled_acc'], n)} "
+            f"| {format_interval(summary['final_sampled_acc'], n)} "
+            f"| {format_interval(summary['base_greedy_acc'], n)} "
+            f"| {format_interval(summary['final_greedy_acc'], n)} "
+            f"| {evals[0]['eval/sampled_turns']:.2f} | {evals[-1]['eval/sampled_turns']:.2f} |"
         )
     print(plot_environments(runs, out))
 
