@@ -9,9 +9,7 @@ run directory's refusals are user errors where `RunDirectory` raises them.)
 from __future__ import annotations
 
 import dataclasses
-import functools
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,33 +108,14 @@ def episode_spec(
     whether the verifier grades the final reply (`--env.reward verifier|both`)."""
     if task.environment is None:
         return None
-    factory = task.environment
-    if env.reward == "verifier":
-        factory = functools.partial(_NoEnvReward, task.environment)
     return EpisodeSpec(
-        factory=factory,
+        factory=task.environment,
         limits=episode_limits(task, env, max_reply_tokens),
         renderer=turn_renderer(tokenizer, chat_template),
         verify=env.reward != "env",
+        env_reward=env.reward != "verifier",
+        score=task.score,
     )
-
-
-class _NoEnvReward:
-    """An environment whose rewards are dropped (`--env.reward verifier`: the verifier's on
-    the final reply is the whole reward)."""
-
-    def __init__(self, factory: Callable[[], Any]) -> None:
-        self.env = factory()
-
-    def reset(self, row: Any, *, seed: int) -> Any:
-        return self.env.reset(row, seed=seed)
-
-    def step(self, reply: str) -> Any:
-        messages, _reward, done, info = self.env.step(reply)
-        return messages, None, done, info
-
-    def close(self) -> None:
-        self.env.close()
 
 
 def field_at(config: Any, path: str) -> Any:

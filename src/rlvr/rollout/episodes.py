@@ -516,13 +516,16 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
 @dataclass(frozen=True)
 class EpisodeSpec:
     """What a multi-turn run samples with: the environment factory, the budgets, the renderer
-    (built once for the run's tokenizer), and whether the task's verifiers also grade the final
-    reply (their reward added to the environment's return)."""
+    (built once for the run's tokenizer), and which rewards count: the environment's return
+    (`env_reward`), the task's verifiers on the final reply (`verify`; `score` grades one reply
+    in held-out evaluation), or both summed."""
 
     factory: EnvFactory
     limits: EpisodeLimits
     renderer: TurnRenderer
     verify: bool = False
+    env_reward: bool = True
+    score: Callable[[str, Mapping[str, Any]], float] | None = None
 
 
 def to_device(batch: RolloutBatch, device: torch.device | str) -> RolloutBatch:

@@ -138,8 +138,8 @@ def held_out_episodes(
 ) -> HeldOutEpisodes:
     """`num_samples` episodes per held-out row in its environment (greedy at
     `temperature == 0`), row i on environment seed i (the same episodes in every evaluation);
-    sampling seeded by `seed`. The return adds the task's verifier only where training does:
-    evaluation reads the environment's return."""
+    sampling seeded by `seed`. An episode's return counts the rewards training counts: the
+    environment's and/or the task's `score` on the final reply (`EpisodeSpec`)."""
     engine = HFEngine(model, tokenizer)
     generator = torch.Generator(next(model.parameters()).device).manual_seed(seed)
     per_call = max(1, batch_size // num_samples)
@@ -163,7 +163,7 @@ def held_out_episodes(
         )
         for i in range(len(chunk)):
             mine = episodes[i * num_samples : (i + 1) * num_samples]
-            returns.append([e.episode_return(spec.limits.turn_discount) for e in mine])
+            returns.append([_episode_reward(e, chunk[i], spec) for e in mine])
             turns.append([len(e.replies) for e in mine])
             replies.append([e.final_reply for e in mine])
     return HeldOutEpisodes(returns, turns, replies)
@@ -334,3 +334,11 @@ def think_mode_check(
             "mean_tokens": tokens / n,
         }
     return result
+
+
+def _episode_reward(episode: Any, row: dict, spec: EpisodeSpec) -> float:
+    """The episode's return as training counts it (`EpisodeSpec.env_reward`, `verify`)."""
+    total = episode.episode_return(spec.limits.turn_discount) if spec.env_reward else 0.0
+    if spec.verify and spec.score is not None:
+        total += spec.score(episode.final_reply, row)
+    return total

@@ -98,8 +98,7 @@ class Rollout:
     ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
         """One sampling call and its rewards, the rows attached to the batch."""
         plan = self.plan
-        rows = [next(self.rows) for _ in range(plan.prompts_per_step)]
-        self.consumed += len(rows)
+        rows = self._next_rows()
         prompts = [r["prompt"] for r in rows]
         with timer("generate"):
             batch = self.engine.generate(
@@ -110,6 +109,12 @@ class Rollout:
             rewards, metrics = self._verify(rows, batch)
         # the step's one host-to-device crossing: rewards join the batch on the model's device
         return batch, rewards.to(batch.completion_ids.device), metrics
+
+    def _next_rows(self) -> list[dict[str, Any]]:
+        """The step's `prompts_per_step` rows off the stream (counted as consumed)."""
+        rows = [next(self.rows) for _ in range(self.plan.prompts_per_step)]
+        self.consumed += len(rows)
+        return rows
 
     def _verify(
         self, rows: list[dict[str, Any]], batch: RolloutBatch
@@ -163,8 +168,7 @@ class EpisodeRollout(Rollout):
         self, generator: torch.Generator, timer: StepTimer
     ) -> tuple[RolloutBatch, torch.Tensor, dict[str, float]]:
         plan, spec = self.plan, self.episodes
-        rows = [next(self.rows) for _ in range(plan.prompts_per_step)]
-        self.consumed += len(rows)
+        rows = self._next_rows()
         seeds = torch.randint(
             0, 2**31 - 1, (len(rows),), generator=generator, device=generator.device
         )
@@ -185,7 +189,8 @@ class EpisodeRollout(Rollout):
             )
         batch = episode_batch(episodes, plan.group_size, self.pad_id)
         batch.rows, batch.row_index = rows, batch.group_ids.clone()
-        rewards = torch.tensor([e.episode_return(spec.limits.turn_discount) for e in episodes])
+        returns = [e.episode_return(spec.limits.turn_discount) for e in episodes]
+        rewards = torch.tensor(returns) if spec.env_reward else torch.zeros(len(episodes))
         metrics = episode_metrics(episodes)
         if spec.verify:
             with timer("verify"):
