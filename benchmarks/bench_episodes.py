@@ -10,7 +10,9 @@ loop held to one turn (`run_episodes`, max_turns 1: the loop's own overhead), an
 `retry_arith` episodes (up to three tries, "wrong, try again" between them). Each batch then
 gets one update (the loss's forward and backward over its rows, `rlvr check-loss`'s
 machinery). The table gives median seconds, sampled and environment tokens, turns per
-episode, and each mode's step time against the one-turn step's.
+episode, and each mode's step time against the one-turn step's. The fourth mode runs the same
+episodes with every turn prefilling the whole conversation again (`keep_kv=False`), against
+the default that keeps each episode's keys and values between its turns.
 """
 
 from __future__ import annotations
@@ -52,7 +54,13 @@ def main() -> None:
     engine = HFEngine(model, tokenizer)
     budget = task.max_new_tokens
     renderer = PlainTurns(tokenizer)
-    turns = {"one turn": 1, "episodes, 1 turn": 1, "episodes, 3 tries": retry_arith.MAX_TRIES}
+    tries = retry_arith.MAX_TRIES
+    turns = {
+        "one turn": 1,
+        "episodes, 1 turn": 1,
+        "episodes, 3 tries": tries,
+        "episodes, 3 tries, re-prefill": tries,
+    }
     plan = build_plan(GRPOConfig(max_new_tokens=task.episode_tokens))
 
     def sample(mode: str, seed: int):
@@ -75,6 +83,7 @@ def main() -> None:
             generator,
             tokenizer.decode,
             tokenizer.eos_token_id,
+            keep_kv=not mode.endswith("re-prefill"),
         )
         return episode_batch(episodes, args.group_size, tokenizer.pad_token_id), episodes
 

@@ -60,7 +60,7 @@ class ScriptedEngine:
         self.tokenizer, self.replies = tokenizer, replies
         self.prompts: list[list[list[int]]] = []
 
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
+    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None, **_):
         text = self.replies[min(len(self.prompts), len(self.replies) - 1)]
         self.prompts.append([list(p) for p in prompts])
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]

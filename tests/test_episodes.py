@@ -79,8 +79,8 @@ class RecordingEngine(HFEngine):
         super().__init__(model, TOKENIZER)
         self.seen: list[tuple[list[list[int]], list[tuple[list[int], list[float]]]]] = []
 
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
-        out = super().generate_tokens(prompts, max_new_tokens, temperature, generator)
+    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None, **kwargs):
+        out = super().generate_tokens(prompts, max_new_tokens, temperature, generator, **kwargs)
         self.seen.append(([list(p) for p in prompts], out))
         return out
 

@@ -25,7 +25,7 @@ class ScriptedEngine:
         self.prompts: list[list[list[int]]] = [[] for _ in scripts]
         self.calls = 0
 
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
+    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None, **_):
         out = []
         running = [i for i, s in enumerate(self.scripts) if s]
         assert len(running) == len(prompts)

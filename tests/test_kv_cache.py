@@ -78,3 +78,84 @@ def test_the_cache_goes_by_the_name_the_forward_takes():
         else "past_key_values"
     )
     assert cache_argument(Wrapper(), marker) == {installed: marker}
+
+
+# --- an episode's keys and values kept between turns ---------------------------------------
+
+
+def _episode_turns(model, kept, turns=4, seed=0):
+    """Four turns of eight episodes with environment tokens of varied length between turns
+    (0 to 6), sampled at a high temperature so that some replies end early (EOS mid-batch).
+    Returns each turn's outputs and the prompt widths each forward of the model was given."""
+    import random
+
+    from rlvr.rollout.sampler import sample_token_ids
+
+    tokenizer = build_char_tokenizer()
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(5, 60) for _ in range(rng.randrange(3, 12))] for _ in range(8)]
+    generator = torch.Generator().manual_seed(seed)
+    widths: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: widths.append(kw["input_ids"].shape[1]), with_kwargs=True
+    )
+    outputs = []
+    try:
+        for _ in range(turns):
+            out = sample_token_ids(
+                model, prompts, 30, 3.0, generator, eos, pad, kept=kept, keys=list(range(8))
+            )
+            outputs.append(out)
+            for i, (ids, _) in enumerate(out):
+                env = [rng.randrange(5, 60) for _ in range(rng.randrange(0, 7))]
+                prompts[i] = prompts[i] + ids + env
+    finally:
+        hook.remove()
+    return outputs, widths
+
+
+def test_kept_episode_kv_samples_what_running_the_whole_conversation_samples():
+    """Same ids, log-probs within 1e-5, rows leaving the decode batch at their EOS included;
+    after the first turn each prefill runs only the tokens the cache lacks: the last reply's
+    final token (never fed back while sampling) and the environment's (0 to 6)."""
+    from rlvr.rollout.kv_cache import EpisodeKV
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(), tokenizer, seed=0)
+    full, full_widths = _episode_turns(model, kept=None)
+    kept, kept_widths = _episode_turns(model, kept=EpisodeKV())
+    ended_early = 0
+    for turn_full, turn_kept in zip(full, kept):
+        for (ids_a, logp_a), (ids_b, logp_b) in zip(turn_full, turn_kept):
+            assert ids_a == ids_b
+            torch.testing.assert_close(
+                torch.tensor(logp_b), torch.tensor(logp_a), atol=1e-5, rtol=0
+            )
+            ended_early += len(ids_a) < 30
+    assert ended_early >= 3  # the leave-at-EOS path ran
+    prefills_full = [w for w in full_widths if w > 1]
+    prefills_kept = [w for w in kept_widths if w > 1]
+    assert len(prefills_full) == len(prefills_kept) == 4
+    assert prefills_kept[0] == prefills_full[0]  # the first turn has nothing kept
+    assert all(w <= 1 + 6 for w in prefills_kept[1:])
+    assert all(w > 30 for w in prefills_full[1:])  # the whole conversation again
+
+
+def test_a_kept_episode_whose_prompt_changed_is_run_from_scratch():
+    from rlvr.rollout.kv_cache import EpisodeKV
+    from rlvr.rollout.sampler import sample_token_ids
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(), tokenizer, seed=0)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    kept = EpisodeKV()
+    first = sample_token_ids(model, [[7, 8, 9]], 5, 0.0, None, eos, pad, kept=kept, keys=[0])
+    assert kept.cached_length(0, [7, 8, 9, *first[0][0], 10]) == 3 + len(first[0][0]) - 1
+    other = [11, 12, 13, 14]  # not the kept prompt's continuation
+    assert kept.cached_length(0, other) == 0
+    again = sample_token_ids(model, [other], 5, 0.0, None, eos, pad, kept=kept, keys=[0])
+    fresh = sample_token_ids(model, [other], 5, 0.0, None, eos, pad)
+    assert again[0][0] == fresh[0][0]
+    kept.retain([])
+    assert not kept.kept

@@ -28,7 +28,7 @@ class ScriptedEngine:
         self.scripts = [list(s) for s in scripts]
         self.prompts: list[list[list[int]]] = [[] for _ in scripts]
 
-    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None):
+    def generate_tokens(self, prompts, max_new_tokens, temperature, generator=None, **_):
         out = []
         running = [i for i, s in enumerate(self.scripts) if s]
         assert len(running) == len(prompts)

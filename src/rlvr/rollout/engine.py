@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -20,6 +20,7 @@ import torch
 
 from rlvr.config import UserError
 from rlvr.devices import resolve_precision
+from rlvr.rollout.kv_cache import EpisodeKV
 from rlvr.rollout.sampler import RolloutBatch, rollout_batch, sample_completions, sample_token_ids
 
 
@@ -82,9 +83,12 @@ class HFEngine:
         max_new_tokens: int,
         temperature: float,
         generator: torch.Generator | None = None,
+        keys: Sequence[Hashable] | None = None,
+        kept: EpisodeKV | None = None,
     ) -> list[tuple[list[int], list[float]]]:
         """One sample per prompt of ids (the multi-turn loop's call): sampled ids up to and
-        including EOS, and their log-probs."""
+        including EOS, and their log-probs. With `keys` and `kept`, each episode's keys and
+        values are kept between its turns (`rlvr.rollout.sampler.sample_token_ids`)."""
         return sample_token_ids(
             self.model,
             prompts,
@@ -93,6 +97,8 @@ class HFEngine:
             generator,
             self.tokenizer.eos_token_id,
             self.tokenizer.pad_token_id,
+            kept=kept,
+            keys=keys,
         )
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:

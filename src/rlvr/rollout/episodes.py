@@ -39,6 +39,7 @@ from typing import Any, Protocol
 import torch
 
 from rlvr.config import UserError
+from rlvr.rollout.kv_cache import EpisodeKV
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.workers import call_with_timeout, calls_in_parallel
 
@@ -64,7 +65,10 @@ STATUSES = ("done", "max_turns", "truncated", "timeout", "error")
 
 
 class TokenEngine(Protocol):
-    """An engine's token-level call: prompts as ids in, sampled ids and log-probs out."""
+    """An engine's token-level call: prompts as ids in, sampled ids and log-probs out. `keys`
+    name each prompt's episode (the same on each of its turns) and `kept` is the run's store
+    of episodes' keys and values: an engine that can keeps them between turns and prefills
+    only the new tokens; one that cannot ignores both."""
 
     def generate_tokens(
         self,
@@ -72,6 +76,8 @@ class TokenEngine(Protocol):
         max_new_tokens: int,
         temperature: float,
         generator: torch.Generator | None = None,
+        keys: Sequence[int] | None = None,
+        kept: EpisodeKV | None = None,
     ) -> list[tuple[list[int], list[float]]]: ...
 
 
@@ -266,15 +272,21 @@ def run_episodes(
     generator: torch.Generator | None,
     decode: Callable[[list[int]], str],
     eos_id: int,
+    keep_kv: bool = True,
 ) -> list[Episode]:
     """`group_size` episodes for each row (group-major, the group's episodes on one seed),
     run turn by turn: one engine call per turn for every running episode, then every running
-    episode's `step` side by side. Returns the episodes, every one ended with a status."""
+    episode's `step` side by side. Returns the episodes, every one ended with a status.
+    `keep_kv` lets the engine keep each episode's keys and values between its turns (off: every
+    turn runs the whole conversation again; the benchmark compares the two)."""
     envs = [factory() for _ in rows for _ in range(group_size)]
     clocks = [0.0] * len(envs)  # seconds each episode's environment calls took so far
     episodes = _open(envs, rows, seeds, group_size, renderer, limits, clocks)
+    kept = EpisodeKV() if keep_kv else None
     for _turn in range(limits.max_turns):
-        replied = _sample_turn(episodes, engine, limits, temperature, generator, decode, eos_id)
+        replied = _sample_turn(
+            episodes, engine, limits, temperature, generator, decode, eos_id, kept
+        )
         if not replied:
             break
         _step_turn(episodes, envs, replied, renderer, limits, clocks)
@@ -328,6 +340,7 @@ def _sample_turn(
     generator: torch.Generator | None,
     decode: Callable[[list[int]], str],
     eos_id: int,
+    kept: EpisodeKV | None,
 ) -> list[int]:
     """One reply for every running episode (one engine call), each cut to its budget; returns
     the episodes whose reply ended with EOS (the others end truncated)."""
@@ -347,6 +360,8 @@ def _sample_turn(
         max(budgets[i] for i in running),
         temperature,
         generator,
+        keys=running,
+        kept=kept,
     )
     replied = []
     for i, (ids, logprobs) in zip(running, sampled):

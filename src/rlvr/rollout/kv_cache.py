@@ -10,6 +10,9 @@ keys and values into the next free positions and hands attention a view of the f
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
@@ -104,3 +107,77 @@ def decode_cache(model: torch.nn.Module, capacity: int, preallocate: bool = True
     if preallocate and plain:
         return preallocated_cache(config.num_hidden_layers, capacity)
     return DynamicCache(config=model.config)
+
+
+@dataclass
+class _Kept:
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values) [heads, len, dim]
+    length: int  # positions kept
+    ids: list[int]  # the tokens they were computed from (set once the turn's ids are known)
+
+
+class EpisodeKV:
+    """Each episode's keys and values between its turns, so a later turn prefills only the
+    tokens that came after them (the reply's last token, the environment's and the
+    template's), not the whole conversation again.
+
+    Kept compact (no padding) under the episode's key, with the ids they were computed from:
+    a call whose prompt does not start with those ids recomputes from scratch (never a stale
+    cache). Only for plain full-attention caches (`PreallocatedLayer`); a call keeps only the
+    keys it is given (episodes that ended are dropped)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[Hashable, _Kept] = {}
+
+    def retain(self, keys: Sequence[Hashable]) -> None:
+        """Drop every episode but `keys`."""
+        wanted = set(keys)
+        self.kept = {k: v for k, v in self.kept.items() if k in wanted}
+
+    def cached_length(self, key: Hashable, ids: Sequence[int]) -> int:
+        """How many leading tokens of `ids` episode `key` has keys and values for (at most
+        len(ids) - 1: the last token is always run, for its next-token logits)."""
+        kept = self.kept.get(key)
+        if kept is None or list(ids[: len(kept.ids)]) != kept.ids:
+            return 0
+        return min(len(kept.ids), len(ids) - 1)
+
+    def cache(
+        self, keys: Sequence[Hashable], lengths: Sequence[int], capacity: int
+    ) -> tuple[Cache, torch.Tensor]:
+        """A preallocated cache of `capacity` positions holding row i's first `lengths[i]`
+        kept positions, left-padded with zeros to the longest, and its mask [rows, longest]
+        (at least one row must have some)."""
+        width = max(lengths)
+        mask = torch.zeros((len(keys), width), dtype=torch.long)
+        for i, c in enumerate(lengths):
+            mask[i, width - c :] = 1 if c else 0
+        sample = next(self.kept[k] for k, c in zip(keys, lengths) if c)
+        out = preallocated_cache(len(sample.layers), capacity)
+        for index, layer in enumerate(out.layers):
+            like = sample.layers[index][0]
+            heads, dim = like.shape[0], like.shape[2]
+            layer._keys = like.new_zeros((len(keys), heads, capacity, dim))
+            layer._values = like.new_zeros((len(keys), heads, capacity, dim))
+            for i, (key, c) in enumerate(zip(keys, lengths)):
+                if c:
+                    k, v = self.kept[key].layers[index]
+                    layer._keys[i, :, width - c : width] = k[:, :c]
+                    layer._values[i, :, width - c : width] = v[:, :c]
+            layer.is_initialized, layer.device, layer.length = True, like.device, width
+            layer._publish(len(keys))
+        return out, mask.to(sample.layers[0][0].device)
+
+    def keep(self, key: Hashable, cache: Cache, row: int, mask: torch.Tensor) -> None:
+        """Copy cache row `row`'s real positions (`mask` [L], 1 on them) out under `key`; the
+        caller sets `ids` once the turn's tokens are known."""
+        real = mask.bool()
+        layers = [
+            (x.keys[row][:, real].clone(), x.values[row][:, real].clone()) for x in cache.layers
+        ]
+        self.kept[key] = _Kept(layers=layers, length=int(real.sum()), ids=[])
+
+
+def keeps_positions(cache: Cache) -> bool:
+    """True when `cache` is one `EpisodeKV` can fill (every layer a `PreallocatedLayer`)."""
+    return bool(cache.layers) and all(isinstance(x, PreallocatedLayer) for x in cache.layers)

@@ -9,7 +9,7 @@ on-policy update needs no second forward pass for the old log-probs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +17,7 @@ import torch
 
 from rlvr.devices import generator_on
 from rlvr.models.logprobs import cache_argument, position_ids_from_mask
-from rlvr.rollout.kv_cache import decode_cache
+from rlvr.rollout.kv_cache import EpisodeKV, decode_cache, keeps_positions
 from rlvr.workers import map_in_threads
 
 
@@ -151,19 +151,61 @@ def sample_token_ids(
     generator: torch.Generator | None,
     eos_id: int,
     pad_id: int,
+    kept: EpisodeKV | None = None,
+    keys: Sequence[Hashable] | None = None,
 ) -> list[tuple[list[int], list[float]]]:
     """One sample per prompt given as token ids (token in, token out): each row's sampled ids
     up to and including its first EOS (all `max_new_tokens` of them when none came) and their
     sampling log-probs. The multi-turn loop (`rlvr.rollout.episodes`) calls this once per turn
-    with each running episode's ids so far."""
+    with each running episode's ids so far.
+
+    With `kept` and one key per prompt (an episode's, the same on each of its turns), each
+    row's keys and values are kept after its turn and the next call prefills only the tokens
+    after them: the conversation is not run again every turn. Models whose cache is not plain
+    full attention (sliding windows, linear attention) run the whole prompt each turn."""
     device = next(model.parameters()).device
-    width = max(len(p) for p in prompts)
-    prompt_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        prompt_ids[i, width - len(p) :] = torch.tensor(p, dtype=torch.long)
-        prompt_mask[i, width - len(p) :] = 1
-    ids, logprobs = _decode(
+    if kept is None or keys is None or not keeps_positions(decode_cache(model, 1)):
+        ids, logprobs = _decode_ids(
+            model, prompts, max_new_tokens, temperature, generator, (eos_id, pad_id), device
+        )
+    else:
+        ids, logprobs = _decode_kept(
+            model,
+            prompts,
+            keys,
+            kept,
+            max_new_tokens,
+            temperature,
+            generator,
+            (eos_id, pad_id),
+        )
+    out = []
+    for row_ids, row_logprobs in zip(ids.tolist(), logprobs.tolist()):
+        k = row_ids.index(eos_id) + 1 if eos_id in row_ids else len(row_ids)
+        out.append((row_ids[:k], row_logprobs[:k]))
+    if kept is not None and keys is not None:
+        for key, prompt, (row_ids, _) in zip(keys, prompts, out):
+            if key in kept.kept:
+                cached = kept.kept[key]
+                cached.ids = (prompt + row_ids)[: cached.length]
+    return out
+
+
+def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [len(rows), longest], long mask) of `rows` left-padded with `pad_id`."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+            mask[i, width - len(r) :] = 1
+    return ids, mask
+
+
+def _decode_ids(model, prompts, max_new_tokens, temperature, generator, special, device):
+    prompt_ids, prompt_mask = _left_padded(prompts, special[1])
+    return _decode(
         model,
         prompt_ids.to(device),
         prompt_mask.to(device),
@@ -171,13 +213,67 @@ def sample_token_ids(
         max_new_tokens,
         temperature,
         generator,
-        (eos_id, pad_id),
+        special,
     )
-    out = []
-    for row_ids, row_logprobs in zip(ids.tolist(), logprobs.tolist()):
-        k = row_ids.index(eos_id) + 1 if eos_id in row_ids else len(row_ids)
-        out.append((row_ids[:k], row_logprobs[:k]))
-    return out
+
+
+def _decode_kept(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    keys: Sequence[Hashable],
+    kept: EpisodeKV,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    special: tuple[int, int],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_decode` for one row per prompt, starting from each row's kept keys and values: the
+    cache holds the kept positions (left-padded), the prefill runs only the new tokens
+    (left-padded too, so the mask may have holes between them: position ids count real
+    tokens only), and each row's positions are kept again when it leaves the decode batch."""
+    device = next(model.parameters()).device
+    kept.retain(keys)
+    lengths = [kept.cached_length(k, p) for k, p in zip(keys, prompts)]
+    new_ids, new_mask = _left_padded([p[c:] for p, c in zip(prompts, lengths)], special[1])
+    capacity = max(lengths) + new_ids.shape[1] + max_new_tokens
+    if any(lengths):
+        cache, past_mask = kept.cache(keys, lengths, capacity)
+    else:
+        cache = decode_cache(model, capacity)
+        past_mask = torch.zeros((len(prompts), 0), dtype=torch.long, device=device)
+    new_ids, new_mask = new_ids.to(device), new_mask.to(device)
+    mask = torch.cat([past_mask.to(device), new_mask], dim=1)
+    generator = generator_on(generator, device)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model(
+            input_ids=new_ids,
+            attention_mask=mask,
+            position_ids=position_ids_from_mask(mask)[:, past_mask.shape[1] :],
+            **cache_argument(model, cache),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+
+        def leave(rows: torch.Tensor, cache_rows: torch.Tensor, at: torch.Tensor) -> None:
+            for row, cache_row in zip(rows.tolist(), cache_rows.tolist()):
+                kept.keep(keys[row], cache, cache_row, at[cache_row])
+
+        return _decode_steps(
+            model,
+            cache,
+            out.logits[:, -1, :].float(),
+            mask,
+            mask.sum(dim=1, keepdim=True),
+            max_new_tokens,
+            temperature,
+            generator,
+            special,
+            on_leave=leave,
+        )
+    finally:
+        model.train(was_training)
 
 
 def _decode(
@@ -201,8 +297,6 @@ def _decode(
     generator = generator_on(generator, device)  # the host generator seeds a device one
     prompt_ids = unique_ids.repeat_interleave(num_samples, dim=0)
     prompt_mask = unique_mask.repeat_interleave(num_samples, dim=0)
-    n = prompt_ids.shape[0]
-    eos_id, pad_id = special
 
     was_training = model.training
     model.eval()
@@ -223,11 +317,48 @@ def _decode(
         cache.batch_repeat_interleave(num_samples)
         logits = logits.repeat_interleave(num_samples, dim=0)
 
-    # --- decode: one cached forward per token, over the rows still running ------------------
     # without left padding or kept finished rows, every cached position is visible: no mask
     needs_mask = not drop_finished or bool((prompt_mask == 0).any())
-    attention_mask = prompt_mask if needs_mask else None  # [A, L] for the A decoding rows
-    next_position = prompt_mask.sum(dim=1, keepdim=True)  # [A, 1]
+    try:
+        return _decode_steps(
+            model,
+            cache,
+            logits,
+            prompt_mask if needs_mask else None,
+            prompt_mask.sum(dim=1, keepdim=True),
+            max_new_tokens,
+            temperature,
+            generator,
+            special,
+            drop_finished,
+        )
+    finally:
+        model.train(was_training)
+
+
+def _decode_steps(
+    model: torch.nn.Module,
+    cache: Any,
+    logits: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    next_position: torch.Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    generator: torch.Generator | None,
+    special: tuple[int, int],
+    drop_finished: bool = True,
+    on_leave: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decode loop after a prefill: one cached forward per token over the rows still
+    running. `logits` [N, V] are the prefill's next-token logits, `attention_mask` [N, L] the
+    cache's (None: every cached position visible), `next_position` [N, 1] each row's next
+    position id. `on_leave(rows, cache_rows, mask)` is told, before finished rows leave the
+    cache and for the rows left at the end, which rows (indices into N) sit at which cache
+    rows, with the cache's mask [A, L] (the cache then holds every sampled token but the last
+    one drawn). Returns (ids [N, S], log-probs [N, S]) as `_decode` does."""
+    device = logits.device
+    n = logits.shape[0]
+    eos_id, pad_id = special
     active = torch.arange(n, device=device)  # the decode batch's rows, in cache order
     finished = torch.zeros(n, dtype=torch.bool, device=device)
     completion_ids = torch.full((n, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -244,6 +375,9 @@ def _decode(
         if len(running) == 0 or steps == max_new_tokens:
             break
         if drop_finished and len(running) < len(active):
+            if on_leave is not None:
+                leaving = finished[active].nonzero().squeeze(1)
+                on_leave(active[leaving], leaving, attention_mask)
             cache.batch_select_indices(running)
             active, token, next_position = active[running], token[running], next_position[running]
             if attention_mask is not None:
@@ -260,8 +394,8 @@ def _decode(
         )
         logits = out.logits[:, -1, :].float()
         next_position = next_position + 1
-    model.train(was_training)
-
+    if on_leave is not None:
+        on_leave(active, torch.arange(len(active), device=device), attention_mask)
     return completion_ids[:, :steps], sampled_logprobs[:, :steps]
 
 
