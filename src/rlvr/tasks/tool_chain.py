@@ -173,12 +173,13 @@ def reward_fn(
     return [score(c, {"answer": a}) for c, a in zip(completions, answer, strict=True)]
 
 
-def _reward(env: ToolEnv) -> float:
+def episode_reward(env: ToolEnv) -> float:
+    """`score` on the episode's final reply."""
     return score(env.final_reply, env.row)
 
 
 ENVIRONMENT = tool_env(
-    *FUNCTIONS.values(), reward=_reward, max_calls=MAX_TURNS - 1, tool_message=tool_message
+    *FUNCTIONS.values(), reward=episode_reward, max_calls=MAX_TURNS - 1, tool_message=tool_message
 )
 
 
