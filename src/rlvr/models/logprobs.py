@@ -262,37 +262,51 @@ def chunked_token_logprobs(
     rows, cols = (mask != 0).nonzero(as_tuple=True)
     states, targets = hidden[rows, cols], ids[rows, cols]  # [M, H], [M]
     out = torch.zeros(ids.shape, dtype=torch.float32, device=hidden.device)
-    # filled in place, without grad, by the chunks' forward passes
-    entropy = torch.zeros(len(targets), dtype=torch.float32, device=hidden.device)
+    values, entropy = selected_token_logprobs(
+        states, head, targets, temperature, chunk_tokens, with_entropy
+    )
+    logp = out.index_put((rows, cols), values)
+    if not with_entropy:
+        return logp
+    return logp, torch.zeros_like(out).index_put((rows, cols), entropy)
+
+
+def selected_token_logprobs(
+    states: torch.Tensor,  # [M, H]: the states that predict `targets`
+    head: torch.nn.Module,  # H -> V
+    targets: torch.Tensor,  # [M]
+    temperature: float,
+    chunk_tokens: int,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log softmax(head(states) / temperature) at `targets` [M] fp32, entropies [M] fp32 (0
+    without `with_entropy`)), `chunk_tokens` states at a time: the core of
+    `chunked_token_logprobs`, which describes the two ways a head is run."""
+    entropy = torch.zeros(len(targets), dtype=torch.float32, device=states.device)
     if len(targets) == 0:
-        return (out, out.clone()) if with_entropy else out
+        return torch.zeros(0, dtype=torch.float32, device=states.device), entropy
+    # filled in place, without grad, by the chunks' forward passes
     fill = entropy if with_entropy else None
     if _plain_linear(head):
         values = LinearLogprobs.apply(
             states, head.weight, head.bias, targets, temperature, fill, chunk_tokens
         )
-    else:
-        track = torch.is_grad_enabled() and (
-            states.requires_grad or any(p.requires_grad for p in head.parameters())
-        )
-        pieces = []
-        for start in range(0, len(targets), chunk_tokens):
-            end = start + chunk_tokens
-            # the buffer is bound, not an input: a checkpoint would save it and then refuse
-            # the recomputation's write into it
-            run = functools.partial(
-                _head_logprobs, entropy=None if fill is None else fill[start:end]
-            )
-            piece = (head, states[start:end], targets[start:end], temperature)
-            if track:
-                pieces.append(checkpoint(run, *piece, use_reentrant=False))
-            else:
-                pieces.append(run(*piece))
-        values = torch.cat(pieces)
-    logp = out.index_put((rows, cols), values)
-    if not with_entropy:
-        return logp
-    return logp, torch.zeros_like(out).index_put((rows, cols), entropy)
+        return values, entropy
+    track = torch.is_grad_enabled() and (
+        states.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    pieces = []
+    for start in range(0, len(targets), chunk_tokens):
+        end = start + chunk_tokens
+        # the buffer is bound, not an input: a checkpoint would save it and then refuse
+        # the recomputation's write into it
+        run = functools.partial(_head_logprobs, entropy=None if fill is None else fill[start:end])
+        piece = (head, states[start:end], targets[start:end], temperature)
+        if track:
+            pieces.append(checkpoint(run, *piece, use_reentrant=False))
+        else:
+            pieces.append(run(*piece))
+    return torch.cat(pieces), entropy
 
 
 class LinearLogprobs(torch.autograd.Function):
