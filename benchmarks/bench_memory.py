@@ -135,7 +135,7 @@ def child(spec: dict) -> dict:
         skip_zero_advantage=True,
         workers=1,
         micro_batch_tokens=0,
-        share_prompts=False,
+        forwards=("padded",),
     )
     before = current_rss_mb()
     reset = reset_peak_rss()

@@ -129,7 +129,7 @@ class Mode:
 TIS = {"rollout_correction": RolloutCorrection(mode="tis")}
 ASYNC = {"async_steps": 1, "rollout_correction": RolloutCorrection(mode="tis")}
 ASYNC_NONE = {"async_steps": 1, "rollout_correction": RolloutCorrection(mode="none")}
-SHARDED_SWITCHES = {"cpu_workers": 1, "share_prompt_forward": False}
+SHARDED_SWITCHES = {"cpu_workers": 1, "forward": "padded"}
 
 
 def modes(torchrun: bool) -> list[Mode]:

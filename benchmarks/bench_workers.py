@@ -11,7 +11,7 @@ workers=2)`). Update: `grpo_step`'s forward and backward (`time/forward_s + time
 on one fixed sampled batch, at lr 0 so every round sees the same model: one pass on two
 intra-op threads (`cpu_workers=1`) and two workers at several micro-batch budgets, with each
 row running its own copy of the prompt or each group's prompt run once
-(`share_prompt_forward`). The
+(`--grpo.forward padded` or `shared-prompt`). The
 modes take turns within each round, so machine load falls on all alike. The table gives the
 median seconds of each mode and its speed relative to the first mode of its part.
 """
@@ -63,11 +63,14 @@ def update_modes(threads: int, budgets: list[int]) -> dict[str, dict]:
     modes = {
         f"one pass, {threads} intra-op threads, a prompt per row": {
             **one_pass,
-            "share_prompt_forward": False,
+            "forward": "padded",
         },
-        f"one pass, {threads} intra-op threads, a prompt per group": one_pass,
+        f"one pass, {threads} intra-op threads, a prompt per group": {
+            **one_pass,
+            "forward": "shared-prompt",
+        },
         f"{threads} workers, 2048-token micro-batches, a prompt per row": dict(
-            cpu_workers=threads, micro_batch_tokens=2048, share_prompt_forward=False
+            cpu_workers=threads, micro_batch_tokens=2048, forward="padded"
         ),
     }
     for b in budgets:

@@ -136,7 +136,7 @@ def test_step_entropy_is_the_loss_mask_token_mean():
         skip_zero_advantage=True,
         workers=1,
         micro_batch_tokens=2 * (P + T),  # two rows a micro-batch
-        share_prompts=False,
+        forwards=("padded",),
     )
     assert len(work.parts) == 3
     result = accumulate_gradients(

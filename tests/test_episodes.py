@@ -265,7 +265,7 @@ def test_env_token_logprobs_and_logits_change_neither_loss_nor_gradient(beta, mo
         return torch.where(at_env, 3.0 * logp + 1.0, logp), entropy + at_env
 
     monkeypatch.setattr(update, "completion_logprobs", skewed)
-    no_share = dataclasses.replace(plan, share_prompts=False)
+    no_share = dataclasses.replace(plan, forwards=("padded",))
     s_loss, s_grad = gradient(model, no_share, inputs)
     monkeypatch.undo()
     base_loss, base_grad = gradient(model, no_share, inputs)

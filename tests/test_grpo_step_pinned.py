@@ -52,7 +52,7 @@ CASES = {
         BASE, cpu_workers=2, micro_batch_tokens=64, mu=2, beta=0.04, ref_sync_every=1
     ),
     "no-shared-prompts": dataclasses.replace(
-        BASE, share_prompt_forward=False, micro_batch_tokens=64, mask_truncated=True
+        BASE, forward="padded", micro_batch_tokens=64, mask_truncated=True
     ),
     # a LoRA policy (`lora=True` below) with beta > 0: the reference is the adapters-off base
     "lora": dataclasses.replace(BASE, beta=0.04, lr=1e-2),

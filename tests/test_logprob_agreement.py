@@ -142,12 +142,22 @@ CONFIG = GRPOConfig(
     "switches",
     [
         {},
-        {"share_prompt_forward": False},
+        {"forward": "padded"},
+        {"forward": "packed"},
+        {"forward": "packed", "logprob_chunk_tokens": 5},
         {"logprob_chunk_tokens": 5},
         {"cpu_workers": 2, "micro_batch_tokens": 40},
         {"mu": 2},
     ],
-    ids=["default", "a prompt per row", "chunked", "workers + micro-batches", "mu 2"],
+    ids=[
+        "default",
+        "a prompt per row",
+        "packed",
+        "packed chunked",
+        "chunked",
+        "workers + micro-batches",
+        "mu 2",
+    ],
 )
 def test_an_on_policy_step_measures_agreement_on_its_first_pass(switches):
     t, _ = _trainer(dataclasses.replace(CONFIG, **switches))

@@ -215,7 +215,7 @@ def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="logprob_chunk_tokens must be >= 0"):
         build_plan(GRPOConfig(max_new_tokens=8, logprob_chunk_tokens=-1))
     plan = build_plan(GRPOConfig(max_new_tokens=8, gradient_checkpointing=True))
-    assert plan.gradient_checkpointing and not plan.share_prompts
+    assert plan.gradient_checkpointing and "shared-prompt" not in plan.forwards
     assert plan.logprob_chunk_tokens == GRPOConfig().logprob_chunk_tokens
     with pytest.raises(ConfigError, match="gradient_checkpointing=true needs a Hugging Face"):
         enable_gradient_checkpointing(torch.nn.Linear(2, 2))

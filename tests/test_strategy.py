@@ -48,9 +48,11 @@ def test_the_strategy_is_chosen_by_the_number_of_ranks(monkeypatch):
 
 def test_what_each_layout_honours_and_names():
     local, fsdp = LocalStrategy(), FSDP2Strategy(_two_ranks())
-    for strategy, honoured in [(local, (64, True, 3)), (fsdp, (0, False, 2))]:
-        got = (strategy.chunk_tokens(64), strategy.share_prompts(True), strategy.update_workers(3))
+    every = ("padded", "shared-prompt", "packed")
+    for strategy, honoured in [(local, (64, every, 3)), (fsdp, (0, ("padded", "packed"), 2))]:
+        got = (strategy.chunk_tokens(64), strategy.forwards(every), strategy.update_workers(3))
         assert got == honoured
+    assert fsdp.forwards(("shared-prompt",)) == ("padded",)
     assert (local.engine_workers(3), fsdp.engine_workers(3)) == (3, 1)
     assert (local.rng_file(), fsdp.rng_file()) == ("rng.pt", "rng-1.pt")
     assert (local.checkpoint_meta(), fsdp.checkpoint_meta()) == ({}, {"world_size": 2})

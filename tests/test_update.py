@@ -13,10 +13,14 @@ from rlvr.train.config import GRPOConfig, generation_threads
 from rlvr.train.grpo import build_trainer, grpo_step
 from rlvr.train.monitor import monitor_hacking
 from rlvr.train.update import (
+    BUCKET_COST_TOKENS,
+    PACKED_TOKEN_COST,
+    forward_cost,
     group_micro_batches,
+    packed_micro_batches,
     plan_update,
     token_budget_micro_batches,
-    tokens_to_run,
+    tokens_computed,
     trimmed_rows,
 )
 from rlvr.verifiers.math import math_reward
@@ -116,23 +120,75 @@ def test_group_micro_batches_keep_groups_whole_within_the_budget():
     assert group_micro_batches(groups, prompt, completion, 0)[0].tolist() == list(range(8))
 
 
+PADDED_OR_SHARED = ("padded", "shared-prompt")
+
+
 def test_update_plan_shares_prompts_only_when_that_runs_fewer_tokens():
     groups = torch.tensor([0, 0, 0, 1, 1, 1])
     prompt = torch.tensor([10, 10, 10, 10, 10, 10])
     even = torch.tensor([5, 5, 6, 6, 5, 5])  # a prompt per group saves 4 x 10 prompt tokens
-    shards, shared = plan_update(torch.arange(6), groups, prompt, even, 2, 100, True)
-    assert shared and len(shards) == 2
+    shards, forward = plan_update(torch.arange(6), groups, prompt, even, 2, 100, PADDED_OR_SHARED)
+    assert forward == "shared-prompt" and len(shards) == 2
     assert [sorted(groups[torch.cat(s)].tolist()) for s in shards] == [[0, 0, 0], [1, 1, 1]]
     # within each group one row is 60 tokens long: whole groups would pad every row to 60
     uneven = torch.tensor([60, 1, 1, 60, 1, 1])
-    shards, shared = plan_update(torch.arange(6), groups, prompt, uneven, 1, 100, True)
-    assert not shared
+    shards, forward = plan_update(torch.arange(6), groups, prompt, uneven, 1, 100, PADDED_OR_SHARED)
+    assert forward == "padded"
     rows_plan = [p for s in shards for p in s]
-    assert tokens_to_run(rows_plan, groups, prompt, uneven, False) < tokens_to_run(
-        [torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])], groups, prompt, uneven, True
+    assert tokens_computed("padded", rows_plan, groups, prompt, uneven) < tokens_computed(
+        "shared-prompt", [torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])], groups, prompt, uneven
     )
-    shards, shared = plan_update(torch.arange(6), groups, prompt, even, 1, 100, False)
-    assert not shared and sorted(torch.cat(shards[0]).tolist()) == list(range(6))
+    shards, forward = plan_update(torch.arange(6), groups, prompt, even, 1, 100, ("padded",))
+    assert forward == "padded" and sorted(torch.cat(shards[0]).tolist()) == list(range(6))
+
+
+def test_update_plan_packs_where_padding_costs_more_than_packing():
+    """The cost model (padded tokens; a packed token at PACKED_TOKEN_COST, each distinct
+    length of a packed micro-batch at BUCKET_COST_TOKENS) picks packed for uneven rows, padded
+    for rows of one length, and says how much of what it computes is padding."""
+    groups = torch.arange(8)
+    prompt = torch.full((8,), 10)
+    uneven = torch.tensor([200, 10, 10, 10, 10, 10, 10, 10])
+    # padded: 8 x 210 = 1680; packed: 1.1 x (80 + 270) + 40 x 2 lengths = 465
+    assert forward_cost("padded", [torch.arange(8)], groups, prompt, uneven) == 1680
+    assert forward_cost("packed", [torch.arange(8)], groups, prompt, uneven) == pytest.approx(
+        PACKED_TOKEN_COST * 350 + BUCKET_COST_TOKENS * 2
+    )
+    every = ("padded", "shared-prompt", "packed")
+    _, forward = plan_update(groups, groups, prompt, uneven, 1, 0, every)
+    assert forward == "packed"
+    even = torch.full((8,), 30)  # no padding to save: packing only adds its overhead
+    _, forward = plan_update(groups, groups, prompt, even, 1, 0, every)
+    assert forward == "padded"
+
+
+def test_packed_micro_batches_fill_by_real_tokens_and_never_drop_a_long_row():
+    lengths = torch.tensor([50, 10, 30, 200, 20, 40])
+    parts = packed_micro_batches(lengths, max_tokens=60)
+    assert sorted(torch.cat(parts).tolist()) == list(range(6))
+    assert [3] in [p.tolist() for p in parts]  # longer than the budget: a micro-batch alone
+    for part in parts:
+        assert int(lengths[part].sum()) <= 60 or len(part) == 1
+    assert len(parts) == 4  # 200 | 50+10 | 40+20 | 30
+    assert packed_micro_batches(lengths, 0)[0].tolist() == list(range(6))
+
+
+@pytest.mark.parametrize("forward", ["padded", "shared-prompt", "packed"])
+def test_every_forward_gives_one_passs_loss_and_gradient(forward):
+    """A step run with each forward, in micro-batches, equals one padded pass over the batch;
+    the metrics name the forward and its padding (none when packed)."""
+    base = GRPOConfig(
+        prompts_per_step=4, group_size=4, max_new_tokens=12, lr=1e-2, forward="padded", beta=0.05
+    )
+    whole, m_whole = _one_step(base)
+    other, m_other = _one_step(dataclasses.replace(base, forward=forward, micro_batch_tokens=80))
+    assert m_other["update/micro_batches"] >= 2
+    assert m_other["update/packed"] == float(forward == "packed")
+    assert m_other["update/shared_prompts"] == float(forward == "shared-prompt")
+    assert (m_other["update/padding_frac"] == 0.0) == (forward == "packed")
+    assert m_other["loss"] == pytest.approx(m_whole["loss"], abs=1e-5)
+    for a, b in zip(whole.parameters(), other.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-4)
 
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
@@ -143,12 +199,12 @@ def test_update_with_shared_prompt_forward_equals_per_row_prompts(aggregation):
         max_new_tokens=12,
         lr=1e-2,
         aggregation=aggregation,
-        share_prompt_forward=False,
+        forward="padded",
         beta=0.05,
     )
     rows, m_rows = _one_step(base)
     shared, m_shared = _one_step(
-        dataclasses.replace(base, share_prompt_forward=True, micro_batch_tokens=80)
+        dataclasses.replace(base, forward="shared-prompt", micro_batch_tokens=80)
     )
     assert m_shared["update/micro_batches"] >= 2
     assert m_shared["update/shared_prompts"] == 1.0 and m_rows["update/shared_prompts"] == 0.0

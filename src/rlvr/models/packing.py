@@ -27,6 +27,7 @@ refused (`PackingError`): its attention function is its own modeling file's.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -84,19 +85,36 @@ def packed_sdpa(
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     p = dropout if module.training else 0.0
-    edges = bounds.tolist() if isinstance(bounds, torch.Tensor) else list(bounds)
-    pieces = [
-        F.scaled_dot_product_attention(
-            query[:, :, s:e],
-            key[:, :, s:e],
-            value[:, :, s:e],
-            dropout_p=p,
-            is_causal=True,
-            scale=scaling,
-        )
-        for s, e in zip(edges[:-1], edges[1:])
+    edges = tuple(bounds.tolist() if isinstance(bounds, torch.Tensor) else bounds)
+    buckets, order = _segment_buckets(edges, str(query.device))
+    q, k, v = query[0], key[0], value[0]  # [H, L, D]
+    pieces = []
+    for positions in buckets:  # the segments of one length, one batched call: [S, H, l, D]
+        run = [x[:, positions].transpose(0, 1) for x in (q, k, v)]
+        out = F.scaled_dot_product_attention(*run, dropout_p=p, is_causal=True, scale=scaling)
+        pieces.append(out.transpose(0, 1).reshape(q.shape[0], -1, q.shape[2]))
+    out = torch.cat(pieces, dim=1)[:, order]  # back to packed order: [H, L, D]
+    return out.transpose(0, 1)[None].contiguous(), None
+
+
+@functools.lru_cache(maxsize=32)
+def _segment_buckets(
+    edges: tuple[int, ...], device: str
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The packed positions of the segments grouped by length ([S, l] per distinct length l,
+    one SDPA call each), and the permutation that puts their concatenated outputs back in
+    packed order. Cached: every layer of a pass asks for the same."""
+    by_length: dict[int, list[int]] = {}
+    for s, e in zip(edges[:-1], edges[1:]):
+        by_length.setdefault(e - s, []).append(s)
+    buckets = [
+        (torch.tensor(starts)[:, None] + torch.arange(length)[None, :]).to(device)
+        for length, starts in sorted(by_length.items())
     ]
-    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
+    flat = torch.cat([b.flatten() for b in buckets])
+    order = torch.empty_like(flat)
+    order[flat] = torch.arange(len(flat), device=flat.device)
+    return buckets, order
 
 
 def _register() -> None:

@@ -345,12 +345,15 @@ class GRPOConfig:
     max_seconds: float = 0.0
     """Stop (and checkpoint) after the first step that ends past this many seconds of training
     (0: no limit); for equal-compute comparisons."""
-    share_prompt_forward: bool = True
-    """The update runs each group's prompt once and its G rows' completions on its KV cache
-    (same log-probs and gradient; (G - 1) / G of the prompt tokens' work saved). Micro-batches
-    then hold whole groups, so a group's completions pad to its longest: each step takes this
-    plan only when it runs fewer tokens than rows sorted by length (`update.plan_update`).
-    False: a prompt per row."""
+    forward: Literal["auto", "padded", "shared-prompt", "packed"] = "auto"
+    """The loss's forward pass. padded: a prompt per row, rows sorted by length and padded to
+    their micro-batch's widest. shared-prompt: each group's prompt once, its G completions on
+    its KV cache ((G - 1) / G of the prompt tokens saved; micro-batches of whole groups, so a
+    group's completions pad to its longest). packed: rows end to end, no padding, attention
+    per row (`rlvr.models.packing`; models with sdpa or flash attention). All three give the
+    same log-probs and gradients to float rounding. auto: each step takes the one the cost
+    model prices lowest (`update.forward_cost`; the reference and pi_old passes pack too when
+    packing is allowed and cheaper), and logs it (`update/forward_*`, `update/padding_frac`)."""
     micro_batch_tokens: int = 0
     """Split the update into micro-batches of at most this many padded tokens (rows sorted by
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).
@@ -371,7 +374,8 @@ class GRPOConfig:
     them (Hugging Face's activation checkpointing, non-reentrant): activation memory falls
     from layers x tokens x (several x hidden) to about layers x tokens x hidden, for about
     one more forward pass of time. The update then runs a prompt per row (a KV cache cannot be
-    checkpointed, so `share_prompt_forward` is off); sampling (eval mode) keeps its cache."""
+    checkpointed, so the shared-prompt forward is not taken); sampling (eval mode) keeps its
+    cache."""
     async_steps: int = 0
     """Asynchronous (off-policy) training: the rollouts of the next K steps are sampled while
     this step updates (in a background thread beside the learner, or on Ray rollout workers),
@@ -457,7 +461,7 @@ class StepPlan:
     grad_clip: float
     value_clip: float
     skip_zero_advantage: bool  # rows with advantage 0 carry no gradient (no KL in the loss)
-    share_prompts: bool  # the update may run each group's prompt once
+    forwards: tuple[str, ...]  # the loss's forwards a step may take (`update.FORWARDS`)
     micro_batch_tokens: int
     logprob_chunk_tokens: int  # the loss's log-probs, this many tokens at a time (0: whole)
     gradient_checkpointing: bool  # the policy recomputes its layers' activations in backward
@@ -549,9 +553,7 @@ def build_plan(config: GRPOConfig, workers: int = 1, threads: int | None = None)
         grad_clip=config.grad_clip,
         value_clip=config.critic.value_clip,
         skip_zero_advantage=beta_in_loss == 0,
-        share_prompts=config.share_prompt_forward
-        and config.group_size > 1
-        and not config.gradient_checkpointing,
+        forwards=_forwards(config),
         micro_batch_tokens=config.micro_batch_tokens
         or (WORKER_MICRO_BATCH_TOKENS if workers > 1 else 0),
         logprob_chunk_tokens=config.logprob_chunk_tokens,
@@ -629,9 +631,19 @@ def generation_threads(config: GRPOConfig, update_threads: int) -> int:
 def _check(config: GRPOConfig) -> None:
     """Raise one `ValueError` listing every impossible setting of `config`."""
     problems = _switch_problems(config) + _surrogate_problems(config) + _range_problems(config)
-    problems += _distill_problems(config)
+    problems += _distill_problems(config) + _forward_problems(config)
     if problems:
         raise ValueError("invalid config: " + "; ".join(problems))
+
+
+def _forward_problems(config: GRPOConfig) -> list[str]:
+    """A forward the other switches rule out."""
+    if config.forward == "shared-prompt" and config.gradient_checkpointing:
+        return [
+            "forward shared-prompt runs the prompts' KV cache, which gradient_checkpointing "
+            "cannot replay: use forward auto, padded or packed"
+        ]
+    return []
 
 
 def _switch_problems(config: GRPOConfig) -> list[str]:
@@ -700,6 +712,7 @@ def _range_problems(config: GRPOConfig) -> list[str]:
         problems.append("overlong.buffer must be in [0, max_new_tokens)")
     if config.logprob_chunk_tokens < 0:
         problems.append("logprob_chunk_tokens must be >= 0 (0: whole logits)")
+
     if config.worker_timeout_s <= 0:
         problems.append("worker_timeout_s must be > 0")
     if config.async_steps < 0:
@@ -714,6 +727,16 @@ def _range_problems(config: GRPOConfig) -> list[str]:
     if (cap is not None and cap <= 0) or not 0 <= low < (cap or 5.0):
         problems.append("rollout_correction.cap must be > 0 and rollout_correction.low in [0, cap)")
     return problems + [f"{name} must be {bound}" for name, ok, bound in _bounds(config) if not ok]
+
+
+def _forwards(config: GRPOConfig) -> tuple[str, ...]:
+    """The forwards a step may take: the one named, or for auto all three, the shared-prompt
+    forward only with groups (G > 1) and without gradient checkpointing. The learner drops
+    packed where the model cannot pack (`Learner`)."""
+    if config.forward != "auto":
+        return (config.forward,)
+    shared = config.group_size > 1 and not config.gradient_checkpointing
+    return ("padded", *(["shared-prompt"] if shared else []), "packed")
 
 
 def _bounds(config: GRPOConfig) -> list[tuple[str, bool, str]]:

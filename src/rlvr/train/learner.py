@@ -18,7 +18,13 @@ every rank):
   step runs the whole batch on every rank (its gradients averaged: the same gradient);
 - `state_dict()` gathers the full weights, on every rank, for that rank's rollout copy;
 - the chunked head and the shared-prompt forward are off (`Strategy.chunk_tokens`,
-  `Strategy.share_prompts`): they call the decoder outside the root module's FSDP hooks.
+  `Strategy.forwards`): they call the decoder outside the root module's FSDP hooks.
+
+The loss's forward (padded, shared-prompt or packed) is chosen per step among `forwards`
+(`update.plan_update`); the packed forward is dropped where the policy cannot pack (an
+`eager` attention: refused in one line when it was asked for by name). The reference's and
+pi_old's no-grad passes pack too where packing is allowed and the cost model prices the
+whole batch packed lower (`update.no_grad_forward`).
 
 A LoRA policy's reference is its own base with the adapters off (`lora_state.scoring_reference`).
 """
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from rlvr.models.logprobs import completion_logprobs
+from rlvr.models.packing import PackingError, can_pack, completion_logprobs_packed
 from rlvr.report.timer import StepTimer
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.agreement import AgreementCheck, check_agreement
@@ -44,6 +51,7 @@ from rlvr.train.update import (
     UpdateResult,
     UpdateWork,
     critic_step,
+    no_grad_forward,
     optimizer_step,
     plan_update_work,
 )
@@ -86,6 +94,14 @@ class Learner:
             )
         self.state, self.plan, self.agreement, self.teacher = state, plan, agreement, teacher
         self.chunk_tokens = self.strategy.chunk_tokens(plan.logprob_chunk_tokens)
+        self.forwards = self.strategy.forwards(plan.forwards)
+        if "packed" in self.forwards and not can_pack(state.policy):
+            if self.forwards == ("packed",):
+                raise PackingError(
+                    "--grpo.forward packed needs a policy whose attention is sdpa or flash "
+                    "attention; use --grpo.forward auto or padded"
+                )
+            self.forwards = tuple(f for f in self.forwards if f != "packed")
         self._warned = False
         self._agreement_metrics: dict[str, float] = {}
 
@@ -103,10 +119,13 @@ class Learner:
         """[N, T] `model`'s log-probs of the sampled tokens at the sampling temperature, each
         rank scoring its own rows (`Strategy.no_grad_rows`)."""
         temperature, chunk = self.plan.sampling.temperature, self.chunk_tokens
+        packs = "packed" in self.forwards and can_pack(model)
 
         def forward(rows: RolloutBatch) -> torch.Tensor:
             inputs = rows.model_inputs()
-            return completion_logprobs(model, *inputs, temperature, chunk_tokens=chunk)
+            packed = packs and no_grad_forward(rows) == "packed"
+            run = completion_logprobs_packed if packed else completion_logprobs
+            return run(model, *inputs, temperature, chunk_tokens=chunk)
 
         return self.strategy.no_grad_rows(forward, batch, what)
 
@@ -163,7 +182,7 @@ class Learner:
             skip_zero_advantage=self.plan.skip_zero_advantage,
             workers=self.plan.workers,
             micro_batch_tokens=self.plan.micro_batch_tokens,
-            share_prompts=self.strategy.share_prompts(self.plan.share_prompts),
+            forwards=self.forwards,
         )
 
     def policy_step(
@@ -192,7 +211,9 @@ class Learner:
             "loss": result.loss,
             "lr": state.optimizer.param_groups[0]["lr"],
             "update/micro_batches": float(len(work.parts)),
-            "update/shared_prompts": float(work.shared_prompts),
+            "update/shared_prompts": float(work.forward == "shared-prompt"),
+            "update/packed": float(work.forward == "packed"),
+            "update/padding_frac": work.padding_frac,
             "update/rows_skipped_frac": 1.0 - work.carried / work.rows,
             "grad_norm": grad_norm.item(),
             **self._agreement_metrics,
@@ -208,7 +229,7 @@ class Learner:
         path = ", ".join(
             [self.strategy.describe(self.plan.workers)]
             + [f"{len(work.parts)} micro-batch(es)"]
-            + (["shared-prompt forward"] if work.shared_prompts else ["a prompt per row"])
+            + [f"{work.forward} forward"]
             + ([f"head chunked by {self.chunk_tokens} tokens"] if self.chunk_tokens else [])
         )
         warning = check_agreement(self.agreement, max_abs_log_ratio, path, self.state.step + 1)

@@ -326,7 +326,10 @@ def _step_gradient(
         skip_zero_advantage=skip,
         workers=ranks or workers,
         micro_batch_tokens=micro_batch_tokens,
-        share_prompts=plan.share_prompts and ranks == 0,  # as `Learner.plan_update`
+        # as `Learner.plan_update`: ranks take no shared-prompt forward (`Strategy.forwards`)
+        forwards=plan.forwards
+        if not ranks
+        else tuple(f for f in plan.forwards if f != "shared-prompt") or ("padded",),
     )
     contexts = [DistContext(r, ranks, r, torch.device("cpu"), "gloo") for r in range(ranks)]
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -455,7 +458,7 @@ def _budgets(plan: StepPlan, inputs: _StepInputs) -> dict[str, int]:
             skip_zero_advantage=plan.skip_zero_advantage,
             workers=1,
             micro_batch_tokens=budget,
-            share_prompts=plan.share_prompts,
+            forwards=plan.forwards,
         )
         return len(work.parts)
 

@@ -83,7 +83,7 @@ class Strategy(Protocol):
     def update_workers(self, local_workers: int) -> int: ...
     def engine_workers(self, workers: int) -> int: ...
     def chunk_tokens(self, chunk_tokens: int) -> int: ...
-    def share_prompts(self, share: bool) -> bool: ...
+    def forwards(self, forwards: tuple[str, ...]) -> tuple[str, ...]: ...
     def check_async(self, async_steps: int) -> None: ...
     def describe(self, workers: int) -> str: ...
     def learner_copy(self, model: torch.nn.Module) -> torch.nn.Module: ...
@@ -140,9 +140,9 @@ class LocalStrategy:
         """`chunk_tokens` as set (`logprob_chunk_tokens`)."""
         return chunk_tokens
 
-    def share_prompts(self, share: bool) -> bool:
-        """`share` as set (`share_prompt_forward`)."""
-        return share
+    def forwards(self, forwards: tuple[str, ...]) -> tuple[str, ...]:
+        """`forwards` as planned (`GRPOConfig.forward`)."""
+        return forwards
 
     def check_async(self, async_steps: int) -> None:
         """Nothing: one process runs any `async_steps`."""
@@ -288,10 +288,10 @@ class FSDP2Strategy:
         hooks, which leaves the root's parameters sharded."""
         return 0
 
-    def share_prompts(self, share: bool) -> bool:
-        """False, a prompt per row: the shared-prompt forward calls the decoder outside the
-        root module's FSDP hooks too."""
-        return False
+    def forwards(self, forwards: tuple[str, ...]) -> tuple[str, ...]:
+        """`forwards` without the shared-prompt forward, which calls the decoder outside the
+        root module's FSDP hooks too (padded when nothing else is left)."""
+        return tuple(f for f in forwards if f != "shared-prompt") or ("padded",)
 
     def check_async(self, async_steps: int) -> None:
         """`ConfigError` for `async_steps > 0`: not built for several ranks yet."""

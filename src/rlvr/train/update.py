@@ -7,10 +7,12 @@ gradient of one pass over the whole batch; `rank_gradients` is the same on torch
 ranks (rank r runs worker r's share under FSDP2; `train/strategy.py` picks one of the two);
 `optimizer_step` clips and steps (or refuses a NaN/Inf); `critic_step` is PPO's value update.
 
-Micro-batches by a padded-token budget: a forward pass over a padded batch costs
-rows x (longest prompt + longest completion) tokens. Sorting rows by length before splitting
-puts similar lengths together, so each micro-batch is trimmed to its own longest row and little
-padding is computed; the budget bounds activation memory. Gradients are accumulated across
+Micro-batches by a token budget: a forward pass over a padded batch costs rows x (longest
+prompt + longest completion) tokens. Sorting rows by length before splitting puts similar
+lengths together, so each micro-batch is trimmed to its own longest row and little padding is
+computed; the budget bounds activation memory. The packed forward (rows end to end,
+`rlvr.models.packing`) computes no padding at all; each step takes the forward its cost model
+prices lowest (`plan_update`). Gradients are accumulated across
 micro-batches and the loss keeps the whole step's divisor (see `policy_loss`'s `num_tokens` /
 `num_seqs`), so the update is the same as one pass over the whole batch.
 """
@@ -27,6 +29,7 @@ import torch
 
 from rlvr import algo
 from rlvr.models.logprobs import completion_logprobs, completion_logprobs_shared_prompts
+from rlvr.models.packing import completion_logprobs_packed
 from rlvr.models.value import ValueModel
 from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train.distributed import (
@@ -49,10 +52,10 @@ def token_budget_micro_batches(
     `rows x (max prompt length + max completion length)` stays within `max_tokens` unless one
     row alone exceeds it. `max_tokens <= 0`: one micro-batch of all rows, in their order."""
     units = [[i] for i in range(len(prompt_lengths))]
-    return _pack(units, prompt_lengths, completion_lengths, max_tokens)
+    return _sorted_units(units, prompt_lengths, completion_lengths, max_tokens)
 
 
-def _pack(
+def _sorted_units(
     units: list[list[int]],
     prompt_lengths: torch.Tensor,
     completion_lengths: torch.Tensor,
@@ -124,25 +127,82 @@ def group_micro_batches(
     members: dict[int, list[int]] = {}
     for i, g in enumerate(group_ids.tolist()):
         members.setdefault(g, []).append(i)
-    return _pack(list(members.values()), prompt_lengths, completion_lengths, max_tokens)
+    return _sorted_units(list(members.values()), prompt_lengths, completion_lengths, max_tokens)
 
 
-def tokens_to_run(
+def packed_micro_batches(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
+    """Row indices of each micro-batch of the packed forward, whose cost is its real tokens:
+    rows longest first, each into the first micro-batch it fits within `max_tokens`
+    (first-fit decreasing); a row longer than the budget gets one of its own, never dropped.
+    `max_tokens <= 0`: one micro-batch of all rows, in their order."""
+    sizes = [int(x) for x in lengths]
+    if max_tokens <= 0:
+        return [torch.arange(len(sizes))]
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        k = next((b for b, left in enumerate(room) if sizes[i] <= left), None)
+        if k is None:
+            bins.append([i])
+            room.append(max_tokens - sizes[i])
+        else:
+            bins[k].append(i)
+            room[k] -= sizes[i]
+    return [torch.tensor(b, dtype=torch.long) for b in bins]
+
+
+FORWARDS = ("padded", "shared-prompt", "packed")
+"""The loss's forward passes (`--grpo.forward`): rows padded to their micro-batch's widest,
+each group's prompt once (`completion_logprobs_shared_prompts`), or rows end to end without
+padding (`rlvr.models.packing`)."""
+
+PACKED_TOKEN_COST = 1.1
+"""A packed token's cost in padded tokens: gathers in and out of the per-length attention
+batches (`benchmarks/bench_pack.py`: the packed forward and backward of a batch without
+padding took 1.1x the padded one's, tiny model, this CPU)."""
+BUCKET_COST_TOKENS = 40
+"""The cost of each distinct segment length in a packed micro-batch (one more batched
+attention call per layer, forward and backward), in padded tokens of the tiny model
+(`benchmarks/bench_pack.py`); larger models spend more per token, so for them it overstates."""
+
+
+def tokens_computed(
+    forward: str,
     parts: list[torch.Tensor],
     group_ids: torch.Tensor,
     prompt_lengths: torch.Tensor,
     completion_lengths: torch.Tensor,
-    shared_prompts: bool,
 ) -> int:
-    """Padded tokens a forward pass over `parts` runs: per micro-batch, its prompts (one per
-    row, or one per group when `shared_prompts`) at its widest prompt, plus its rows at its
-    widest completion."""
+    """Tokens a forward pass over `parts` runs, padding included: per micro-batch, padded:
+    its rows at its widest prompt plus widest completion; shared-prompt: one prompt per
+    group at its widest prompt plus its rows at its widest completion; packed: its rows' own
+    tokens."""
     total = 0
     for part in parts:
-        prompts = len(torch.unique(group_ids[part])) if shared_prompts else len(part)
+        if forward == "packed":
+            total += int((prompt_lengths[part] + completion_lengths[part]).sum())
+            continue
+        prompts = len(torch.unique(group_ids[part])) if forward == "shared-prompt" else len(part)
         total += prompts * int(prompt_lengths[part].max())
         total += len(part) * int(completion_lengths[part].max())
     return total
+
+
+def forward_cost(
+    forward: str,
+    parts: list[torch.Tensor],
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+) -> float:
+    """The cost model `plan_update` chooses by, in padded tokens: `tokens_computed`, with a
+    packed token at `PACKED_TOKEN_COST` and each distinct row length of a packed micro-batch
+    at `BUCKET_COST_TOKENS` more."""
+    tokens = tokens_computed(forward, parts, group_ids, prompt_lengths, completion_lengths)
+    if forward != "packed":
+        return float(tokens)
+    buckets = sum(len(torch.unique((prompt_lengths + completion_lengths)[p])) for p in parts)
+    return PACKED_TOKEN_COST * tokens + BUCKET_COST_TOKENS * buckets
 
 
 def plan_update(
@@ -152,18 +212,23 @@ def plan_update(
     completion_lengths: torch.Tensor,
     workers: int,
     max_tokens: int,
-    share_prompts: bool,
-) -> tuple[list[list[torch.Tensor]], bool]:
+    forwards: tuple[str, ...] = ("padded",),
+) -> tuple[list[list[torch.Tensor]], str]:
     """The update's micro-batches, per worker, for the batch rows `rows` (indices into the
-    per-row tensors): the rows are shared among `workers` by tokens (`balanced_shards`) and
-    each share is cut into micro-batches of at most `max_tokens` padded tokens.
+    per-row tensors), and the forward they run: the rows (or, for the shared-prompt forward,
+    whole groups) are shared among `workers` by tokens (`balanced_shards`) and each share is
+    cut into micro-batches of at most `max_tokens` tokens (padded tokens; for the packed
+    forward its real tokens).
 
-    With `share_prompts` two plans are made: by row (sorted by length: least padding) and by
-    whole group (each group's prompt run once, but a group's completions pad to its longest);
-    the one with fewer `tokens_to_run` is taken. Returns (micro-batches of each worker, whether
-    the plan shares prompts); workers left without rows are dropped."""
-    best: tuple[int, list[list[torch.Tensor]], bool] | None = None
-    for shared in [False, True] if share_prompts else [False]:
+    One plan is made for each forward in `forwards` (padded: rows sorted by length, least
+    padding; shared-prompt: whole groups, each group's prompt run once, its completions
+    padded to its longest; packed: no padding, first-fit decreasing) and the one the cost
+    model (`forward_cost`) prices lowest is taken, the first of `forwards` on a tie.
+    Returns (micro-batches of each worker, the forward); workers left without rows are
+    dropped."""
+    best: tuple[float, list[list[torch.Tensor]], str] | None = None
+    for forward in forwards:
+        shared = forward == "shared-prompt"
         if shared:
             unit_of_row = torch.unique(group_ids[rows], return_inverse=True)[1]
         else:
@@ -177,16 +242,27 @@ def plan_update(
             lengths = (prompt_lengths[mine], completion_lengths[mine], max_tokens)
             if shared:
                 split = group_micro_batches(group_ids[mine], *lengths)
+            elif forward == "packed":
+                split = packed_micro_batches(lengths[0] + lengths[1], max_tokens)
             else:
                 split = token_budget_micro_batches(*lengths)
             shards.append([mine[part] for part in split if len(part) > 0])
         shards = [shard for shard in shards if shard]
         parts = [part for shard in shards for part in shard]
-        cost = tokens_to_run(parts, group_ids, prompt_lengths, completion_lengths, shared)
+        cost = forward_cost(forward, parts, group_ids, prompt_lengths, completion_lengths)
         if best is None or cost < best[0]:
-            best = (cost, shards, shared)
+            best = (cost, shards, forward)
     assert best is not None
     return best[1], best[2]
+
+
+def no_grad_forward(batch: RolloutBatch) -> str:
+    """ "packed" or "padded", whichever the cost model prices lower for one pass over the
+    whole batch (the reference's and pi_old's no-grad forwards, where packing is allowed)."""
+    lengths = (batch.group_ids, batch.prompt_mask.sum(dim=1), batch.lengths)
+    everything = [torch.arange(len(batch.group_ids))]
+    packed = forward_cost("packed", everything, *lengths)
+    return "packed" if packed < forward_cost("padded", everything, *lengths) else "padded"
 
 
 LossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -203,16 +279,21 @@ class UpdateWork:
     tokens and rows), so that the summed gradient is that of one pass over the whole batch."""
 
     shards: list[list[torch.Tensor]]  # per worker, per micro-batch: [rows] long
-    shared_prompts: bool  # each group's prompt runs once (whole groups per micro-batch)
+    forward: str  # padded, shared-prompt (whole groups per micro-batch) or packed (FORWARDS)
     whole: bool
     divisors: dict[str, float]
     carried: int  # rows that carry a gradient
     carried_tokens: float  # their loss-mask tokens: the weight of the policy/* metrics
     rows: int  # rows of the step
+    padding_frac: float = 0.0  # of the tokens the forward computes, the share that is padding
 
     @property
     def parts(self) -> list[torch.Tensor]:
         return [part for shard in self.shards for part in shard]
+
+    @property
+    def shared_prompts(self) -> bool:
+        return self.forward == "shared-prompt"
 
 
 def plan_update_work(
@@ -223,39 +304,39 @@ def plan_update_work(
     skip_zero_advantage: bool,
     workers: int,
     micro_batch_tokens: int,
-    share_prompts: bool,
+    forwards: tuple[str, ...] = ("padded",),
 ) -> UpdateWork:
     """Plan the update of `batch`. With `skip_zero_advantage` (no KL term in the loss), rows
     whose advantages are all exactly 0 (every row of a zero-variance group; per-token
     advantages of a rollout correction or GAE: every token's) get no forward pass: they add
     nothing to the loss or its gradient. The rest are shared
-    among `workers` by tokens and cut into micro-batches of at most `micro_batch_tokens` padded
-    tokens (0: one per worker), whole groups when that runs fewer tokens (`plan_update`)."""
+    among `workers` by tokens and cut into micro-batches of at most `micro_batch_tokens`
+    tokens (0: one per worker), for the forward of `forwards` the cost model prices lowest
+    (`plan_update`)."""
     n = len(advantages)
     carrying = torch.arange(n)
     if skip_zero_advantage:  # per row, or per token ([N, T]: GAE, a rollout correction)
         carrying = (advantages != 0).reshape(n, -1).any(dim=1).nonzero().squeeze(1)
-    shards, shared = plan_update(
-        carrying,
-        batch.group_ids,
-        batch.prompt_mask.sum(dim=1),
-        batch.lengths,
-        workers,
-        micro_batch_tokens,
-        share_prompts,
+    lengths = (batch.group_ids, batch.prompt_mask.sum(dim=1), batch.lengths)
+    shards, forward = plan_update(
+        carrying, lengths[0], lengths[1], lengths[2], workers, micro_batch_tokens, forwards
     )
+    parts = [part for shard in shards for part in shard]
+    computed = tokens_computed(forward, parts, *lengths)
+    real = tokens_computed("packed", parts, *lengths)
     whole = sum(len(shard) for shard in shards) == 1 and len(carrying) == n
     divisors = (
         {} if whole else {"num_tokens": max(1.0, loss_mask.sum().item()), "num_seqs": float(n)}
     )
     return UpdateWork(
         shards=shards,
-        shared_prompts=shared,
+        forward=forward,
         whole=whole,
         divisors=divisors,
         carried=len(carrying),
         carried_tokens=max(1.0, loss_mask[carrying].sum().item()),
         rows=n,
+        padding_frac=1.0 - real / computed if computed else 0.0,
     )
 
 
@@ -310,7 +391,7 @@ def accumulate_gradients(
                 loss_fn,
                 temperature,
                 work.divisors,
-                work.shared_prompts,
+                work.forward,
                 logprob_chunk_tokens,
             )
             t_bwd = time.perf_counter()
@@ -365,8 +446,8 @@ def rank_gradients(
     token-weighted policy/* metrics are summed over the ranks (`all_reduce_sum`); their weights
     divide by `work.carried_tokens`, the whole batch's carrying tokens. The forward passes take
     whole logits with a prompt per row: the chunked head and the shared-prompt forward call the
-    decoder outside the root module's FSDP hooks (`FSDP2Strategy.share_prompts` plans so)."""
-    assert not work.shared_prompts, "plan an FSDP2 update with share_prompts=False"
+    decoder outside the root module's FSDP hooks (`FSDP2Strategy.forwards` plans so)."""
+    assert not work.shared_prompts, "plan an FSDP2 update without the shared-prompt forward"
     mine = work.shards[ctx.rank] if ctx.rank < len(work.shards) else []
     passes = max([1] + [len(shard) for shard in work.shards])
     filler = per_token[1].sum(dim=1).argmax().view(1)  # a row with loss tokens: a finite loss
@@ -384,6 +465,7 @@ def rank_gradients(
                 loss_fn,
                 temperature,
                 work.divisors or {"num_tokens": 1.0, "num_seqs": 1.0},  # finite on one row
+                work.forward,
             )
             t_bwd = time.perf_counter()
             (loss if real else loss * 0.0).backward()
@@ -453,7 +535,7 @@ def _part_loss(
     loss_fn: LossFn,
     temperature: float,
     divisors: dict[str, float],
-    shared_prompts: bool = False,
+    forward: str = "padded",
     logprob_chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, dict[str, float], torch.Tensor, float]:
     """(loss, metrics, loss mask, largest |logp - old_logp| on its loss-mask tokens) of
@@ -467,12 +549,13 @@ def _part_loss(
     those tokens, so a step's value is the mean over the loss-mask tokens of the rows that
     carry a gradient (rows the plan skips have no forward pass)."""
     cols, (old, adv, mask, ref) = _micro_batch(batch, part, trim, batch.logprobs, *per_token)
-    if shared_prompts:  # each group's prompt runs once; same values and gradients
+    if forward == "shared-prompt":  # each group's prompt runs once; same values and gradients
         logp, entropy = completion_logprobs_shared_prompts(
             policy, *cols, batch.group_ids[part], temperature, logprob_chunk_tokens, True
         )
-    else:
-        logp, entropy = completion_logprobs(policy, *cols, temperature, logprob_chunk_tokens, True)
+    else:  # padded, or the rows end to end (packed): same values and gradients
+        run = completion_logprobs_packed if forward == "packed" else completion_logprobs
+        logp, entropy = run(policy, *cols, temperature, logprob_chunk_tokens, True)
     loss, metrics = loss_fn(logp, old, adv, mask, ref_logp=ref, **divisors)
     metrics["policy/entropy"] = algo.masked_mean(entropy, mask).item()
     return loss, metrics, mask, _max_abs_deviation(logp, old, mask)
