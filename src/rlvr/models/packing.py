@@ -3,13 +3,15 @@
 A micro-batch of N rows (left-padded prompts, right-padded completions) becomes one row of
 sum_i L_i tokens, L_i = row i's prompt plus completion tokens:
 
-- the ids are each row's real tokens in order (`pack_rows`); position ids restart at 0 for
+- the ids are each row's real tokens (`pack_rows`); position ids restart at 0 for
   each row; the boundaries are `cu_seq_lens` = [0, L_0, L_0 + L_1, ...], computed from the
   masks' lengths, never inferred from the position ids;
 - no attention mask and no KV cache: attention runs per segment, causal within it, so no
   token ever attends across a boundary. On the CPU (and wherever the model uses SDPA) it is
-  `packed_sdpa`, registered with transformers' attention interface: one causal
-  `scaled_dot_product_attention` per segment, costing sum_i L_i^2 instead of (sum_i L_i)^2.
+  `packed_sdpa`, registered with transformers' attention interface: causal
+  `scaled_dot_product_attention` within each segment, costing sum_i L_i^2 instead of
+  (sum_i L_i)^2; the rows are packed shortest first, so the segments of one length are side by
+  side and run as one batched call on a view (no gather);
   Under flash-attention (`flash_attention_2/3` on CUDA) the same `cu_seq_lens` go to its
   varlen kernel, which transformers calls when they are given;
 - the log-prob of completion token j of row i is read off the state at packed position
@@ -27,7 +29,6 @@ refused (`PackingError`): its attention function is its own modeling file's.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -85,36 +86,32 @@ def packed_sdpa(
         key = key.repeat_interleave(groups, dim=1)
         value = value.repeat_interleave(groups, dim=1)
     p = dropout if module.training else 0.0
-    edges = tuple(bounds.tolist() if isinstance(bounds, torch.Tensor) else bounds)
-    buckets, order = _segment_buckets(edges, str(query.device))
-    q, k, v = query[0], key[0], value[0]  # [H, L, D]
+    edges = bounds.tolist() if isinstance(bounds, torch.Tensor) else list(bounds)
+    heads, _, dim = query.shape[1:]
     pieces = []
-    for positions in buckets:  # the segments of one length, one batched call: [S, H, l, D]
-        run = [x[:, positions].transpose(0, 1) for x in (q, k, v)]
+    for start, count, length in _runs(edges):  # `count` segments of one length, one call
+        end = start + count * length
+        run = [
+            x[0, :, start:end].reshape(x.shape[1], count, length, dim).transpose(0, 1)
+            for x in (query, key, value)
+        ]  # [count, H, length, D]: a view, no copy
         out = F.scaled_dot_product_attention(*run, dropout_p=p, is_causal=True, scale=scaling)
-        pieces.append(out.transpose(0, 1).reshape(q.shape[0], -1, q.shape[2]))
-    out = torch.cat(pieces, dim=1)[:, order]  # back to packed order: [H, L, D]
+        pieces.append(out.transpose(0, 1).reshape(heads, count * length, dim))
+    out = torch.cat(pieces, dim=1) if len(pieces) > 1 else pieces[0]  # [H, L, D]
     return out.transpose(0, 1)[None].contiguous(), None
 
 
-@functools.lru_cache(maxsize=32)
-def _segment_buckets(
-    edges: tuple[int, ...], device: str
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """The packed positions of the segments grouped by length ([S, l] per distinct length l,
-    one SDPA call each), and the permutation that puts their concatenated outputs back in
-    packed order. Cached: every layer of a pass asks for the same."""
-    by_length: dict[int, list[int]] = {}
+def _runs(edges: list[int]) -> list[tuple[int, int, int]]:
+    """(start, segments, length) of each run of consecutive segments of one length:
+    `pack_rows` orders rows by length, so each distinct length is one run."""
+    runs: list[tuple[int, int, int]] = []
     for s, e in zip(edges[:-1], edges[1:]):
-        by_length.setdefault(e - s, []).append(s)
-    buckets = [
-        (torch.tensor(starts)[:, None] + torch.arange(length)[None, :]).to(device)
-        for length, starts in sorted(by_length.items())
-    ]
-    flat = torch.cat([b.flatten() for b in buckets])
-    order = torch.empty_like(flat)
-    order[flat] = torch.arange(len(flat), device=flat.device)
-    return buckets, order
+        if runs and runs[-1][2] == e - s and runs[-1][0] + runs[-1][1] * (e - s) == s:
+            start, count, length = runs[-1]
+            runs[-1] = (start, count + 1, length)
+        else:
+            runs.append((s, 1, e - s))
+    return runs
 
 
 def _register() -> None:
@@ -169,18 +166,23 @@ def pack_rows(
     completion_mask: torch.Tensor,  # [N, T]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(ids [L], position ids [L], cu_seq_lens [N + 1], label positions [M]) of the rows laid
-    end to end, L = all their real tokens. Label position k is the packed index of the state
-    that predicts the k-th completion token in `completion_mask.nonzero()` order (row-major):
-    start_i + P_i + j - 1, inside row i's own segment."""
+    end to end, L = all their real tokens, shortest row first (stable: rows of one length stay
+    in their order and sit side by side, so attention runs them in one call). Label position k
+    is the packed index of the state that predicts the k-th completion token in
+    `completion_mask.nonzero()` order (row-major, the rows' own order): start_i + P_i + j - 1,
+    inside row i's own segment."""
     mask = torch.cat([prompt_mask.long(), completion_mask.long()], dim=1)
-    real = mask.bool()
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)[real]
-    positions = position_ids_from_mask(mask)[real]
     lengths = mask.sum(dim=1)
+    order = torch.argsort(lengths, stable=True)
+    real = mask[order].bool()
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)[order][real]
+    positions = position_ids_from_mask(mask[order])[real]
     bounds = torch.zeros(len(lengths) + 1, dtype=torch.long, device=mask.device)
-    bounds[1:] = lengths.cumsum(0)
+    bounds[1:] = lengths[order].cumsum(0)
+    start = torch.empty_like(lengths)
+    start[order] = bounds[:-1]  # where each row's segment begins
     rows, cols = (completion_mask != 0).nonzero(as_tuple=True)
-    labels = bounds[rows] + prompt_mask.long().sum(dim=1)[rows] + cols - 1
+    labels = start[rows] + prompt_mask.long().sum(dim=1)[rows] + cols - 1
     return ids, positions, bounds, labels
 
 

@@ -188,6 +188,32 @@ def tokens_computed(
     return total
 
 
+def tokens_needed(
+    forward: str,
+    parts: list[torch.Tensor],
+    group_ids: torch.Tensor,
+    prompt_lengths: torch.Tensor,
+    completion_lengths: torch.Tensor,
+) -> int:
+    """The tokens of `tokens_computed` that are not padding: the rows' own tokens, with one
+    prompt per group of a micro-batch for the shared-prompt forward."""
+    if forward != "shared-prompt":
+        return sum(int((prompt_lengths[p] + completion_lengths[p]).sum()) for p in parts)
+    total = 0
+    for part in parts:
+        _, first = _first_of_each(group_ids[part])
+        total += int(prompt_lengths[part][first].sum() + completion_lengths[part].sum())
+    return total
+
+
+def _first_of_each(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distinct values of `groups`, the index of each one's first occurrence)."""
+    values, inverse = torch.unique(groups, return_inverse=True)
+    first = torch.full((len(values),), len(groups), dtype=torch.long)
+    first = first.scatter_reduce(0, inverse, torch.arange(len(groups)), "amin")
+    return values, first
+
+
 def forward_cost(
     forward: str,
     parts: list[torch.Tensor],
@@ -323,7 +349,7 @@ def plan_update_work(
     )
     parts = [part for shard in shards for part in shard]
     computed = tokens_computed(forward, parts, *lengths)
-    real = tokens_computed("packed", parts, *lengths)
+    needed = tokens_needed(forward, parts, *lengths)
     whole = sum(len(shard) for shard in shards) == 1 and len(carrying) == n
     divisors = (
         {} if whole else {"num_tokens": max(1.0, loss_mask.sum().item()), "num_seqs": float(n)}
@@ -336,7 +362,7 @@ def plan_update_work(
         carried=len(carrying),
         carried_tokens=max(1.0, loss_mask[carrying].sum().item()),
         rows=n,
-        padding_frac=1.0 - real / computed if computed else 0.0,
+        padding_frac=1.0 - needed / computed if computed else 0.0,
     )
 
 
