@@ -16,7 +16,13 @@ turns round by round so that machine load falls on all alike. Settings:
 - `episodes`: `retry_arith` episodes (up to three tries, the environment's turns between),
   16 prompts x 8, the lab's base for it;
 - `smollm2`: SmolLM2-135M-Instruct (when `rlvr models prepare smollm2-135m-instruct` has run)
-  on 2-digit questions through its chat template, 8 prompts x 4, the head chunked by 1024.
+  on 2-digit questions through its chat template, 8 prompts x 4, the head chunked by 1024;
+- `random135m`: a randomly initialised model of SmolLM2-135M's shape (no checkpoint needed:
+  the one that runs on a GPU machine), 64 rows of random tokens, prompts of 40 to 80 and
+  completions of 8 to 200 tokens, the head chunked by 1024.
+
+`--device cuda` (with `--dtype bfloat16` or `float32`) runs the updates on a GPU, timed with
+`torch.cuda.synchronize` and the peak taken from `torch.cuda.max_memory_allocated`.
 
 Per setting and forward: the share of the computed tokens that is padding, median seconds per
 update, the policy's completion tokens per second, the peak resident memory the update added
@@ -147,9 +153,59 @@ def smollm2_batch(prompts: int, group: int):
     return model, batch, plan, "SmolLM2-135M-Instruct, chat template"
 
 
+def random135m_batch(rows: int = 64):
+    """A SmolLM2-135M-shaped random Llama and a batch of random tokens of uneven lengths."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rlvr.rollout.sampler import RolloutBatch
+    from rlvr.train.config import LOGPROB_CHUNK_TOKENS, GRPOConfig
+
+    torch.manual_seed(0)
+    shape = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(shape)
+    g = torch.Generator().manual_seed(0)
+    prompt_lengths = torch.randint(40, 81, (rows,), generator=g)
+    completion_lengths = torch.randint(8, 201, (rows,), generator=g)
+    p, t = int(prompt_lengths.max()), int(completion_lengths.max())
+    prompt_mask = (torch.arange(p)[None, :] >= p - prompt_lengths[:, None]).long()
+    completion_mask = (torch.arange(t)[None, :] < completion_lengths[:, None]).float()
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(0, 49152, (rows, p), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        completion_ids=torch.randint(0, 49152, (rows, t), generator=g) * completion_mask.long(),
+        completion_mask=completion_mask,
+        logprobs=torch.zeros((rows, t)),
+        truncated=torch.zeros(rows, dtype=torch.bool),
+        group_ids=torch.arange(rows // 4).repeat_interleave(4),
+        completions=[""] * rows,
+    )
+    plan = GRPOConfig(
+        max_new_tokens=t, logprob_chunk_tokens=LOGPROB_CHUNK_TOKENS, micro_batch_tokens=4096
+    )
+    return model, batch, plan, "random SmolLM2-135M shape, random tokens"
+
+
+DEVICE = {"device": "cpu", "dtype": "float32"}
+
+
 def time_update(model, batch, plan, forwards: tuple[str, ...]):
     """(seconds, work, peak MB added) of one update over `batch` with `forwards`."""
+    from rlvr.devices import resolve_precision
     from rlvr.train.update import accumulate_gradients, plan_update_work
+
+    precision = resolve_precision(DEVICE["device"], DEVICE["dtype"])
+    if precision.device.type == "cuda":
+        return _time_cuda_update(model, batch, plan, forwards, precision)
 
     advantages = torch.linspace(-1.0, 1.0, len(batch.group_ids))  # every row carries
     loss_mask = batch.policy_mask
@@ -182,12 +238,60 @@ def time_update(model, batch, plan, forwards: tuple[str, ...]):
     return seconds, work, memory.added
 
 
+def _time_cuda_update(model, batch, plan, forwards, precision):
+    from rlvr.rollout.episodes import to_device
+    from rlvr.train.update import accumulate_gradients, plan_update_work
+
+    batch = to_device(batch, precision.device)
+    model.to(precision.device).train()
+    advantages = torch.linspace(-1.0, 1.0, len(batch.group_ids), device=precision.device)
+    work = plan_update_work(
+        batch,
+        advantages,
+        batch.policy_mask,
+        skip_zero_advantage=False,
+        workers=1,
+        micro_batch_tokens=plan.micro_batch_tokens,
+        forwards=forwards,
+    )
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    with precision.autocast():
+        accumulate_gradients(
+            model,
+            batch,
+            work,
+            advantages,
+            batch.policy_mask,
+            None,
+            plan.loss_fn,
+            1.0,
+            1,
+            plan.logprob_chunk_tokens,
+        )
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    added = (torch.cuda.max_memory_allocated() - base) / 2**20
+    model.zero_grad(set_to_none=True)
+    return seconds, work, added
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--settings", nargs="+", default=["lab", "long", "episodes", "smollm2"])
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=["lab", "long", "episodes", "smollm2"],
+        choices=["lab", "long", "episodes", "smollm2", "random135m"],
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="2 rounds, smoke test")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
     args = parser.parse_args()
+    DEVICE.update(device=args.device, dtype=args.dtype)
     rounds = 2 if args.quick else args.rounds
     torch.set_num_threads(2)
 
@@ -198,6 +302,7 @@ def main() -> None:
         "long": lambda: lab_batch(12, 16, 8),
         "episodes": lambda: episode_batch(16, 8),
         "smollm2": lambda: smollm2_batch(8, 4),
+        "random135m": random135m_batch,
     }
     table = []
     for setting in args.settings:

@@ -80,3 +80,52 @@ def test_a_grpo_step_on_cuda_updates_float32_weights_with_finite_values(dtype):
     assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in model.parameters())
     changed = any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
     assert changed or result.metrics["reward/std"] == 0  # no signal in the group: no update
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [("float32", 1e-4), ("bfloat16", 0.1)])
+def test_packed_log_probs_and_gradients_on_cuda_match_the_padded_forward(dtype, atol):
+    """The packed forward on CUDA (per-segment SDPA through transformers' attention
+    interface; flash attention's varlen path where the model runs flash) against the padded
+    forward on the same device and precision."""
+    from rlvr.models.packing import completion_logprobs_packed
+
+    cpu_model, tokenizer = _model("cpu")
+    batch = sample_completions(
+        cpu_model,
+        tokenizer,
+        ["12+30=", "45+27=", "7+8="],
+        4,
+        16,
+        1.0,
+        torch.Generator().manual_seed(1),
+    )
+    model = _model("cuda")[0].train()
+    inputs = [t.cuda() for t in batch.model_inputs()]
+    mask = inputs[3].bool()
+    grads = []
+    outs = []
+    for run in (completion_logprobs, completion_logprobs_packed):
+        model.zero_grad()
+        with resolve_precision("cuda", dtype).autocast():
+            logp = run(model, *inputs).float()
+        (logp * inputs[3]).sum().backward()
+        outs.append(logp.detach()[mask])
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert torch.allclose(outs[1], outs[0], atol=atol)
+    scale = grads[0].abs().max()
+    assert (grads[1] - grads[0]).abs().max() <= (1e-3 if dtype == "float32" else 0.1) * scale
+
+
+def test_a_packed_grpo_step_on_cuda_logs_the_forward():
+    task = task_spec(ArithmeticTaskConfig(digits=2, held_out_size=8))
+    config = dataclasses.replace(
+        GRPOConfig(), prompts_per_step=4, group_size=4, max_new_tokens=24, lr=1e-3, forward="packed"
+    )
+    model, tokenizer = _model("cuda")
+    trainer = build_trainer(model, tokenizer, task.train_rows(0), [task.reward_fn], config, seed=0)
+    result = grpo_step(
+        trainer.plan, trainer.rollout, trainer.learner, trainer.state.generator, StepTimer()
+    )
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    if result.metrics["reward/std"] > 0:
+        assert result.metrics["update/packed"] == 1.0 and result.metrics["update/padding_frac"] == 0

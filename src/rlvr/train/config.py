@@ -353,7 +353,8 @@ class GRPOConfig:
     per row (`rlvr.models.packing`; models with sdpa or flash attention). All three give the
     same log-probs and gradients to float rounding. auto: each step takes the one the cost
     model prices lowest (`update.forward_cost`; the reference and pi_old passes pack too when
-    packing is allowed and cheaper), and logs it (`update/packed`, `update/shared_prompts`, `update/padding_frac`)."""
+    packing is allowed and cheaper), and logs it (`update/packed`, `update/shared_prompts`,
+    `update/padding_frac`)."""
     micro_batch_tokens: int = 0
     """Split the update into micro-batches of at most this many padded tokens (rows sorted by
     length, each trimmed to its longest row; gradients accumulated, the step's divisors kept).

@@ -342,8 +342,9 @@ def plan_update_work(
     n = len(advantages)
     carrying = torch.arange(n)
     if skip_zero_advantage:  # per row, or per token ([N, T]: GAE, a rollout correction)
-        carrying = (advantages != 0).reshape(n, -1).any(dim=1).nonzero().squeeze(1)
-    lengths = (batch.group_ids, batch.prompt_mask.sum(dim=1), batch.lengths)
+        carrying = (advantages != 0).reshape(n, -1).any(dim=1).nonzero().squeeze(1).cpu()
+    # planning is host work: the per-row lengths on the CPU, the plan's row indices too
+    lengths = (batch.group_ids.cpu(), batch.prompt_mask.sum(dim=1).cpu(), batch.lengths.cpu())
     shards, forward = plan_update(
         carrying, lengths[0], lengths[1], lengths[2], workers, micro_batch_tokens, forwards
     )
