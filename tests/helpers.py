@@ -66,3 +66,41 @@ class ScriptedEngine:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         out = (list(ids) + [self.tokenizer.eos_token_id])[:max_new_tokens]
         return [(out, [-0.5] * len(out)) for _ in prompts]
+
+
+def tiny_llama(vocab: int, seed: int = 0, tie: bool = False, kv_heads: int = 2):
+    """A two-layer Llama of width 32 (4 query heads, `kv_heads` key/value heads), with its
+    real attention code (sdpa), in training mode."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).train()
+
+
+def tiny_qwen2(vocab: int, seed: int = 0):
+    """`tiny_llama`'s shape as Qwen2 (biases on q/k/v, one key/value head)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(config).train()

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
 from rlvr.config import ConfigError
 from rlvr.models.logprobs import (
@@ -24,24 +24,14 @@ from rlvr.rollout.engine import HFEngine
 from rlvr.tasks.arithmetic import ArithmeticTaskConfig, train_problems
 from rlvr.train.config import GRPOConfig, Monitor, build_plan
 from rlvr.train.grpo import build_trainer, enable_gradient_checkpointing, grpo_step
+from tests.helpers import tiny_llama
 
 VOCAB, N, P, T, G = 300, 6, 5, 7, 2
 TEMPERATURE = 0.7
 
 
 def llama(seed: int = 0, tie: bool = False) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        tie_word_embeddings=tie,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).train()
+    return tiny_llama(VOCAB, seed, tie)
 
 
 def padded_batch():

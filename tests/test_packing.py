@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlvr.models.logprobs import completion_logprobs
 from rlvr.models.packing import (
@@ -18,6 +17,7 @@ from rlvr.models.packing import (
     packed_forward_inputs,
 )
 from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from tests.helpers import tiny_llama, tiny_qwen2
 
 VOCAB = 64
 
@@ -29,33 +29,11 @@ def tiny() -> torch.nn.Module:
 
 
 def llama() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(config)
+    return tiny_llama(VOCAB)
 
 
 def qwen2() -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    return Qwen2ForCausalLM(config)
+    return tiny_qwen2(VOCAB)
 
 
 MODELS = {"tiny": tiny, "llama": llama, "qwen2": qwen2}
