@@ -172,3 +172,51 @@ def test_padded_passes_of_a_packing_model_are_unchanged():
         enable_packing(model)
         after = completion_logprobs(model, *inputs)
     assert torch.equal(before, after)
+
+
+@pytest.mark.real
+def test_packed_logprobs_on_smollm2_equal_each_rows_own_forward():
+    """The real checkpoint (`rlvr models prepare smollm2-135m-instruct` first): chat-template
+    prompts and completions of different lengths, packed, against each row alone (fp32,
+    1e-5)."""
+    from rlvr.models.tiny import load_model
+    from rlvr.pipelines.base_model import prepared_model_dir
+
+    directory = prepared_model_dir("smollm2-135m-instruct")
+    if not (directory / "config.json").exists():
+        pytest.skip("needs: rlvr models prepare smollm2-135m-instruct")
+    model, tokenizer = load_model(directory)
+    questions = ["What is 2+2?", "Name a prime number larger than ten, please.", "Hi"]
+    answers = ["4", "Eleven is one.", "Hello! How can I help you today?"]
+    texts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        for q in questions
+    ]
+    prompts = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left")
+    completions = tokenizer(
+        answers, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+    )
+    inputs = (
+        prompts["input_ids"],
+        prompts["attention_mask"],
+        completions["input_ids"],
+        completions["attention_mask"].float(),
+    )
+    model.eval()
+    with torch.no_grad():
+        logp = completion_logprobs_packed(model, *inputs, 1.0, 1024)
+        for i in range(len(questions)):
+            p = int(inputs[1][i].sum())
+            c = int(inputs[3][i].sum())
+            alone = completion_logprobs(
+                model,
+                inputs[0][i : i + 1, -p:],
+                inputs[1][i : i + 1, -p:],
+                inputs[2][i : i + 1, :c],
+                inputs[3][i : i + 1, :c],
+                1.0,
+                1024,
+            )
+            torch.testing.assert_close(logp[i, :c], alone[0], atol=1e-5, rtol=0)
