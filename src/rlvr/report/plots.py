@@ -3,6 +3,8 @@ reward-hacking comparison, a pipeline's stages and the thinking-budget curve."""
 
 from __future__ import annotations
 
+import textwrap
+
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +57,8 @@ def plot_reward_curve(metrics: list[dict[str, Any]], path: str | Path, title: st
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    if title:
-        ax.set_title(title, fontsize=10)
+    if title:  # wrapped: a long task or environment name must not run off the figure
+        ax.set_title(textwrap.fill(title, 80), fontsize=10)
     return save_figure(fig, path)
 
 
