@@ -12,7 +12,6 @@ from rlvr.models.tiny import TinyModelConfig, build_char_tokenizer
 from rlvr.pipelines.base_model import check_shape
 from rlvr.rollout.episodes import EpisodeLimits, PlainTurns, run_episodes
 from rlvr.tasks import guess_number as gn
-from rlvr.tasks.spec import endless_shuffles
 
 TOKENIZER = build_char_tokenizer()
 
@@ -95,7 +94,19 @@ def test_max_turns_through_the_loop():
 
 def test_bad_secret_is_an_error_episode():
     episodes, _ = run([["50"]], [{"prompt": gn.OPENING, "secret": 100, "answer": "100"}])
-    assert episodes[0].status == "error" and "secret must be in 0-99" in episodes[0].info["error"]
+    assert episodes[0].status == "error" and "lo <= secret <= hi" in episodes[0].info["error"]
+    outside = [{**gn.row(30, 40, 80), "secret": 20}]  # a secret outside its opening
+    episodes, _ = run([["50"]], outside)
+    assert episodes[0].status == "error" and "secret 20" in episodes[0].info["error"]
+
+
+def test_a_game_opens_on_its_interval_and_narrows_within_it():
+    env = gn.GuessNumberEnv()
+    messages, _, _ = env.reset(gn.row(57, 40, 80), seed=0)
+    assert messages[0]["content"] == "guess  40-80\n"
+    assert env.step("60")[0][0]["content"] == "lower  40-59\n"
+    assert env.step("50")[0][0]["content"] == "higher 51-59\n"
+    assert gn.play(57, 0.0, random.Random(0), 40, 80) == [60, 49, 54, 57]
 
 
 def test_perfect_bisection_by_hand_and_always_within_seven():
@@ -126,37 +137,49 @@ def test_noisy_player_wins_some_games():
     rng = random.Random(1)
     wins = [gn.play(s, 0.65, rng)[-1] == s for s in range(100) for _ in range(10)]
     assert 0.3 < sum(wins) / len(wins) < 0.7
+    games = gn.held_out_games()  # narrower openings: more wins, still not all
+    wins = [gn.play(g.secret, 0.65, rng, g.lo, g.hi)[-1] == g.secret for g in games]
+    assert 0.5 < sum(wins) / len(wins) < 0.9
+    assert all(gn.play(g.secret, 0.0, rng, g.lo, g.hi)[-1] == g.secret for g in games)
 
 
 def test_split_is_disjoint_and_fixed():
-    held, train = gn.held_out_secrets(), gn.train_secrets()
-    assert len(held) == gn.HELD_OUT_SIZE and set(held).isdisjoint(train)
-    assert sorted(held + train) == list(range(100))
+    """Held out by game (opening interval and secret), not by secret: every secret is
+    trained on, so no number is one training never rewards (a split by secret taught the
+    policy to avoid the held-out numbers)."""
+    held = gn.held_out_games()
+    assert len(held) == gn.HELD_OUT_SIZE == len({(g.lo, g.hi, g.secret) for g in held})
+    for g in held:
+        assert 0 <= g.lo <= g.secret <= g.hi <= 99 and g.hi - g.lo + 1 >= gn.MIN_WIDTH
     spec = gn.task_spec()
-    assert [r["secret"] for r in spec.held_out_rows()] == held
-    rows = list(itertools.islice(spec.train_rows(3), 500))
-    assert {r["secret"] for r in rows} == set(train)
-    assert rows == list(itertools.islice(spec.train_rows(3), 500))
-    assert rows != list(itertools.islice(spec.train_rows(4), 500))
+    assert [r["secret"] for r in spec.held_out_rows()] == [g.secret for g in held]
+    rows = list(itertools.islice(spec.train_rows(3), 2000))
+    keys = {(g.lo, g.hi, g.secret) for g in held}
+    assert not {(r["lo"], r["hi"], r["secret"]) for r in rows} & keys
+    assert len({r["secret"] for r in rows}) >= 98  # every number is trained on (edges rarer)
+    assert rows == list(itertools.islice(spec.train_rows(3), 2000))
+    assert rows != list(itertools.islice(spec.train_rows(4), 2000))
 
 
-def test_games_and_corpus_seeded_on_training_secrets():
+def test_games_and_corpus_seeded_on_training_games():
     games = list(itertools.islice(gn.games(7, 0.65), 150))
     assert games == list(itertools.islice(gn.games(7, 0.65), 150))
     assert games != list(itertools.islice(gn.games(8, 0.65), 150))
-    secrets = endless_shuffles(gn.train_secrets(), 7)
-    assert [s for s, _ in games] == [next(secrets) for _ in games]
-    for secret, guesses in games:
-        assert guesses[-1] == secret or len(guesses) == 7
-        assert secret not in guesses[:-1] and all(0 <= g <= 99 for g in guesses)
-    # the corpus: the games' pairs in order, a share of the first two turns left out
-    everything = [pair for s, g in games for pair in gn.conversation(s, g)]
+    held = {(g.lo, g.hi, g.secret) for g in gn.held_out_games()}
+    for game, guesses in games:
+        assert (game.lo, game.hi, game.secret) not in held
+        assert guesses[-1] == game.secret or len(guesses) == 7
+        assert game.secret not in guesses[:-1] and all(0 <= g <= 99 for g in guesses)
+    # the corpus: the games' pairs in order, a share of the first turn left out
+    everything = [
+        pair for g, guesses in games for pair in gn.conversation(g.secret, guesses, g.lo, g.hi)
+    ]
     pairs = list(itertools.islice(gn.corpus(7, 0.65), 300))
     assert pairs == list(itertools.islice(gn.corpus(7, 0.65), 300))
     rest = iter(everything)
     assert all(any(pair == other for other in rest) for pair in pairs)  # a subsequence
-    openings = sum(prompt == gn.OPENING for prompt, _ in pairs)
-    assert 0.1 * 150 < openings < 0.45 * 150  # KEEP[0] = 0.25 of ~140 games
+    openings = sum(prompt.count("\n") == 1 for prompt, _ in pairs)
+    assert 0.2 * 70 < openings < 0.8 * 70  # KEEP[0] = 0.5 of the ~70 games these pairs span
     assert all(len(r) == 2 and r.isdigit() for _, r in pairs)
     with pytest.raises(ValueError, match="flaw_prob"):
         next(gn.corpus(0, 1.5))
@@ -164,8 +187,8 @@ def test_games_and_corpus_seeded_on_training_secrets():
 
 def test_corpus_prompts_are_what_the_loop_renders():
     games = list(itertools.islice(gn.games(0, 0.65), 40))
-    conversations = [gn.conversation(s, g) for s, g in games]
-    rows = [gn.row(s) for s, _ in games]
+    conversations = [gn.conversation(g.secret, guesses, g.lo, g.hi) for g, guesses in games]
+    rows = [gn.game_row(g) for g, _ in games]
     episodes, engine = run([[r for _, r in c] for c in conversations], rows)
     assert any(len(c) >= 6 for c in conversations)
     for pairs, seen, episode, row in zip(conversations, engine.prompts, episodes, rows):

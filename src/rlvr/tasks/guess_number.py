@@ -1,11 +1,13 @@
-"""Guess the number: a multi-turn episode, the secret in 0-99, at most seven guesses.
+"""Guess the number: a multi-turn episode, the secret in an interval of 0-99, at most seven
+guesses.
 
 The episode as the lab's character model sees it (`rlvr.rollout.episodes.PlainTurns`: each
 turn's message contents concatenated, every reply ended by the EOS token):
 
-    guess  00-99\\n  49<EOS>higher 50-99\\n  74<EOS>lower  50-73\\n  61<EOS>correct61-61\\n
+    guess  17-98\\n  57<EOS>higher 58-98\\n  78<EOS>lower  58-77\\n  67<EOS>correct67-67\\n
 
-The opening is `OPENING`; a reply is the guess (the model writes two digits, `07`; the
+The opening states the game's interval (`message("guess", lo, hi)`, 40 to 100 numbers wide;
+`OPENING` is the whole 00-99); a reply is the guess (the model writes two digits, `07`; the
 environment also takes `7`). The environment answers (`message`) with a word padded to seven
 characters, `higher` (the secret is above the guess), `lower`, `invalid` (not a number in
 0-99: a guess spent) or `correct` (reward 1, the episode ends), then the interval lo-hi that
@@ -25,12 +27,15 @@ the same distance from the guess being written (the fixed-width trick of
 `rlvr.tasks.arithmetic`). Seven guesses are exactly what bisection needs for 100 numbers
 (2**7 - 1 = 127 >= 100), so a wasted guess early costs some secrets and not others.
 
-Rows and the split: a row carries the secret (`secret`, `answer` its two digits); the
-environment reads it from the row and ignores the seed, so the G episodes of a group (one
-row) share the secret. `HELD_OUT_SIZE` of the 100 secrets, drawn first from a fixed seed, are
-held out (the held-out rows, one per secret); training rows and the corpus use only the
-other 70. The skill (bisection) is the same for every secret, so the held-out secrets test
-play on games the model was never rewarded on, not a new skill.
+Rows and the split: a row carries the opening interval (`lo`, `hi`) and the secret inside it
+(`secret`, `answer` its two digits); the environment reads them from the row and ignores the
+seed, so the G episodes of a group (one row) play one game. `HELD_OUT_SIZE` (100) games,
+distinct (interval, secret) triples drawn first from a fixed seed, are held out; training
+rows and the corpus draw other games, on every secret. An earlier split held out 30 of the
+100 secrets with every game opened on 00-99: GRPO then raised the training reward (0.19 ->
+0.30 over 150 steps) while held-out success fell (greedy 0.33 -> 0.17), because a number that
+training never rewards is one the policy learns not to guess. Held out by game, every number
+pays in training, and the held-out games test bisection from openings never played.
 
 Flawed corpus: (conversation so far, next guess) pairs from a noisy bisection player. It
 keeps the interval lo..hi and usually guesses its middle, (lo + hi) // 2, but slips
@@ -57,9 +62,11 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
-from rlvr.tasks.spec import REPLY_END, Row, TaskSpec, endless_shuffles
+from rlvr.tasks.spec import REPLY_END, Row, TaskSpec, distinct_draws, draws_excluding
 
 NAME = "guess_number"
 LOW, HIGH = 0, 99
@@ -79,8 +86,10 @@ HINT_CHARS = len(OPENING)
 REPLY_CHARS = 2  # a guess as two digits
 MAX_NEW_TOKENS = REPLY_CHARS + 2  # one character of slack, then EOS
 EPISODE_TOKENS = MAX_TURNS * MAX_NEW_TOKENS + (MAX_TURNS - 1) * HINT_CHARS
-HELD_OUT_SIZE = 30
+HELD_OUT_SIZE = 100
 HELD_OUT_SEED = 2468
+MIN_WIDTH = 40
+"""An opening interval holds MIN_WIDTH to 100 numbers (seven guesses bisect up to 127)."""
 TURN_RATES = (0.2, 0.35, 0.5, 0.65, 0.8, 0.8, 0.8)
 """Per turn (0-based): the slip chance is flaw_prob times this (capped at 1)."""
 SLIPS = ("off", "ignore")
@@ -88,26 +97,52 @@ _SLIP_WEIGHTS = {"off": 0.6, "ignore": 0.4}
 HABITS = {"higher": "off", "lower": "ignore"}
 """The habitual slip after each hint; the first guess has none (its slips are drawn)."""
 HABIT_SHARE = 0.6
-KEEP = (0.25, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0)
-"""Per turn: the chance the corpus keeps its pair (the first guesses are nearly always the
-same; the base's few steps are better spent on the later ones)."""
+KEEP = (0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+"""Per turn: the chance the corpus keeps its pair (a first guess is the opening's middle, the
+easiest; the base's few steps are better spent on the later ones)."""
 _GUESS = re.compile(r"\s*(\d{1,2})\s*")
 
 
-def held_out_secrets() -> list[int]:
-    """The `HELD_OUT_SIZE` held-out secrets, drawn from `HELD_OUT_SEED` (sorted)."""
-    return sorted(random.Random(HELD_OUT_SEED).sample(range(LOW, HIGH + 1), HELD_OUT_SIZE))
+@dataclass(frozen=True)
+class Game:
+    """A game's opening interval lo..hi and its secret, inside it."""
+
+    lo: int
+    hi: int
+    secret: int
 
 
-def train_secrets() -> list[int]:
-    """The secrets training may use: every one not held out."""
-    held = set(held_out_secrets())
-    return [s for s in range(LOW, HIGH + 1) if s not in held]
+def _draw(rng: random.Random) -> Game:
+    width = rng.randint(MIN_WIDTH, HIGH - LOW + 1)
+    lo = rng.randint(LOW, HIGH + 1 - width)
+    return Game(lo, lo + width - 1, rng.randint(lo, lo + width - 1))
 
 
-def row(secret: int) -> Row:
-    """The row of a game with this secret."""
-    return {"prompt": OPENING, "secret": secret, "answer": f"{secret:02d}"}
+def held_out_games() -> list[Game]:
+    """The `HELD_OUT_SIZE` held-out games (distinct openings and secrets), from
+    `HELD_OUT_SEED`."""
+    return distinct_draws(_draw, attrgetter("lo", "hi", "secret"), HELD_OUT_SIZE, HELD_OUT_SEED)
+
+
+def train_games(seed: int | str) -> Iterator[Game]:
+    """An endless seeded stream of games, none of them a held-out one."""
+    excluded = {(g.lo, g.hi, g.secret) for g in held_out_games()}
+    return draws_excluding(_draw, attrgetter("lo", "hi", "secret"), excluded, seed)
+
+
+def row(secret: int, lo: int = LOW, hi: int = HIGH) -> Row:
+    """The row of a game with this secret, opened on lo..hi."""
+    return {
+        "prompt": message("guess", lo, hi),
+        "secret": secret,
+        "lo": lo,
+        "hi": hi,
+        "answer": f"{secret:02d}",
+    }
+
+
+def game_row(game: Game) -> Row:
+    return row(game.secret, game.lo, game.hi)
 
 
 def parse_guess(reply: str) -> int | None:
@@ -147,11 +182,14 @@ class GuessNumberEnv:
     def reset(
         self, row: Mapping[str, Any], *, seed: int
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
-        secret = int(row["secret"])
-        if not LOW <= secret <= HIGH:
-            raise ValueError(f"secret must be in {LOW}-{HIGH}, got {secret}")
-        self.secret, self.guesses, self.lo, self.hi = secret, 0, LOW, HIGH
-        return [{"role": "user", "content": OPENING}], [], {}
+        secret, lo, hi = int(row["secret"]), int(row.get("lo", LOW)), int(row.get("hi", HIGH))
+        if not LOW <= lo <= secret <= hi <= HIGH:
+            raise ValueError(
+                f"a game needs {LOW} <= lo <= secret <= hi <= {HIGH}, got lo {lo}, "
+                f"secret {secret}, hi {hi}"
+            )
+        self.secret, self.guesses, self.lo, self.hi = secret, 0, lo, hi
+        return [{"role": "user", "content": message("guess", lo, hi)}], [], {}
 
     def step(self, reply: str) -> tuple[list[dict[str, Any]], float, bool, dict[str, Any]]:
         if self.secret is None:
@@ -176,12 +214,20 @@ def slip_rate(turn: int, flaw_prob: float) -> float:
     return min(1.0, flaw_prob * TURN_RATES[turn])
 
 
-def _slipped(kind: str, lo: int, hi: int, last: tuple[int, str] | None, rng: random.Random) -> int:
-    """A slipped guess of `kind` in interval lo..hi after `last` (guess, hint)."""
+def _slipped(
+    kind: str,
+    lo: int,
+    hi: int,
+    last: tuple[int, str] | None,
+    rng: random.Random,
+    bounds: tuple[int, int] = (LOW, HIGH),
+) -> int:
+    """A slipped guess of `kind` in interval lo..hi after `last` (guess, hint), in a game
+    opened on `bounds`."""
     middle = (lo + hi) // 2
     if kind == "ignore" and last is not None:
         guess, said = last  # the other side of the last guess: outside lo..hi
-        other = (LOW, guess - 1) if said == "higher" else (guess + 1, HIGH)
+        other = (bounds[0], guess - 1) if said == "higher" else (guess + 1, bounds[1])
         if other[0] <= other[1]:
             return (other[0] + other[1]) // 2
     spread = max(1, (hi - lo) // 4)
@@ -191,9 +237,16 @@ def _slipped(kind: str, lo: int, hi: int, last: tuple[int, str] | None, rng: ran
 
 
 def player_guess(
-    lo: int, hi: int, last: tuple[int, str] | None, turn: int, flaw_prob: float, rng: random.Random
+    lo: int,
+    hi: int,
+    last: tuple[int, str] | None,
+    turn: int,
+    flaw_prob: float,
+    rng: random.Random,
+    bounds: tuple[int, int] = (LOW, HIGH),
 ) -> int:
-    """The noisy bisection player's next guess (module docstring)."""
+    """The noisy bisection player's next guess (module docstring) in a game opened on
+    `bounds`."""
     if flaw_prob <= 0 or rng.random() >= slip_rate(turn, flaw_prob):
         return (lo + hi) // 2
     habit = HABITS.get(last[1]) if last is not None else None
@@ -201,15 +254,17 @@ def player_guess(
         kind = habit
     else:
         kind = rng.choices(SLIPS, weights=[_SLIP_WEIGHTS[k] for k in SLIPS])[0]
-    return _slipped(kind, lo, hi, last, rng)
+    return _slipped(kind, lo, hi, last, rng, bounds)
 
 
-def play(secret: int, flaw_prob: float, rng: random.Random) -> list[int]:
-    """The noisy player's guesses in one game, up to `MAX_TURNS` (the last is the secret if
-    it won)."""
-    lo, hi, last, guesses = LOW, HIGH, None, []
+def play(
+    secret: int, flaw_prob: float, rng: random.Random, lo: int = LOW, hi: int = HIGH
+) -> list[int]:
+    """The noisy player's guesses in one game opened on lo..hi, up to `MAX_TURNS` (the last
+    is the secret if it won)."""
+    bounds, last, guesses = (lo, hi), None, []
     for turn in range(MAX_TURNS):
-        guess = player_guess(lo, hi, last, turn, flaw_prob, rng)
+        guess = player_guess(lo, hi, last, turn, flaw_prob, rng, bounds)
         guesses.append(guess)
         said = hint(secret, f"{guess:02d}")
         if said == "correct":
@@ -219,9 +274,12 @@ def play(secret: int, flaw_prob: float, rng: random.Random) -> list[int]:
     return guesses
 
 
-def conversation(secret: int, guesses: Sequence[int]) -> list[tuple[str, str]]:
-    """(the conversation before each guess as PlainTurns renders it, the guess) per turn."""
-    pairs, text, lo, hi = [], OPENING, LOW, HIGH
+def conversation(
+    secret: int, guesses: Sequence[int], lo: int = LOW, hi: int = HIGH
+) -> list[tuple[str, str]]:
+    """(the conversation before each guess as PlainTurns renders it, the guess) per turn of a
+    game opened on lo..hi."""
+    pairs, text = [], message("guess", lo, hi)
     for guess in guesses:
         reply = f"{guess:02d}"
         pairs.append((text, reply))
@@ -231,21 +289,21 @@ def conversation(secret: int, guesses: Sequence[int]) -> list[tuple[str, str]]:
     return pairs
 
 
-def games(seed: int, flaw_prob: float) -> Iterator[tuple[int, list[int]]]:
-    """Endless (secret, the noisy player's guesses) games on the training secrets, seeded."""
+def games(seed: int, flaw_prob: float) -> Iterator[tuple[Game, list[int]]]:
+    """Endless (game, the noisy player's guesses) on training games, seeded."""
     if not 0.0 <= flaw_prob <= 1.0:
         raise ValueError(f"flaw_prob must be in [0, 1], got {flaw_prob}")
     rng = random.Random(f"guess-number-flaws/{seed}")
-    for secret in endless_shuffles(train_secrets(), seed):
-        yield secret, play(secret, flaw_prob, rng)
+    for game in train_games(f"guess-number-corpus/{seed}"):
+        yield game, play(game.secret, flaw_prob, rng, game.lo, game.hi)
 
 
 def corpus(seed: int, flaw_prob: float) -> Iterator[tuple[str, str]]:
     """Endless (conversation so far, next guess) pairs of `games`, turn k's kept with
     probability `KEEP[k]`."""
     keep = random.Random(f"guess-number-keep/{seed}")
-    for secret, guesses in games(seed, flaw_prob):
-        for turn, pair in enumerate(conversation(secret, guesses)):
+    for game, guesses in games(seed, flaw_prob):
+        for turn, pair in enumerate(conversation(game.secret, guesses, game.lo, game.hi)):
             if keep.random() < KEEP[turn]:
                 yield pair
 
@@ -267,10 +325,10 @@ def score(completion: Any, row: Mapping[str, Any]) -> float:
 
 def task_spec() -> TaskSpec:
     """The guess-the-number environment as a `TaskSpec`."""
-    held_out = [row(s) for s in held_out_secrets()]
+    held_out = [game_row(g) for g in held_out_games()]
 
     def train_rows(seed: int) -> Iterator[Row]:
-        return (row(s) for s in endless_shuffles(train_secrets(), seed))
+        return (game_row(g) for g in train_games(f"guess-number-train/{seed}"))
 
     return TaskSpec(
         name=NAME,
@@ -280,7 +338,7 @@ def task_spec() -> TaskSpec:
         reward_fn=guess_reward,
         score=score,
         max_new_tokens=MAX_NEW_TOKENS,
-        describe="guess a number in 0-99 in 7 tries",
+        describe="guess a number in an interval of 0-99 in 7 tries",
         min_new_tokens=REPLY_CHARS + 1,
         environment=GuessNumberEnv,
         max_turns=MAX_TURNS,
