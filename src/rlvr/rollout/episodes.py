@@ -283,9 +283,10 @@ def run_episodes(
     clocks = [0.0] * len(envs)  # seconds each episode's environment calls took so far
     episodes = _open(envs, rows, seeds, group_size, renderer, limits, clocks)
     kept = EpisodeKV() if keep_kv else None
-    for _turn in range(limits.max_turns):
+    for turn in range(limits.max_turns):
+        last = turn == limits.max_turns - 1  # no turn follows: nothing worth keeping
         replied = _sample_turn(
-            episodes, engine, limits, temperature, generator, decode, eos_id, kept
+            episodes, engine, limits, temperature, generator, decode, eos_id, None if last else kept
         )
         if not replied:
             break
