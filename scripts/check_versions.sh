@@ -3,7 +3,7 @@
 # holds the lock, constraints/lock.txt):
 #   bash scripts/check_versions.sh oldest   # transformers 5.0.0 (constraints/oldest.txt), the
 #                                           # rest as locked: the sampler/learner agreement
-#                                           # tests and the update's tests
+#                                           # tests, the update's and the packed forward's
 #   bash scripts/check_versions.sh newest   # every dependency at its newest allowed release:
 #                                           # the default suite, so drift is seen
 # CI (.ci/run) runs both. torch stays 2.13.0, the CPU build on these machines' disk (an
@@ -24,7 +24,8 @@ case "$mode" in
     pip install -q -e ".[dev]" -c "$venv/constraints.txt"
     python -c "import transformers; print('transformers', transformers.__version__)"
     pytest tests/test_logprob_agreement.py tests/test_sampler.py tests/test_logprobs_chunked.py \
-      tests/test_kv_cache.py tests/test_update.py tests/test_lora.py tests/test_engine.py
+      tests/test_kv_cache.py tests/test_update.py tests/test_lora.py tests/test_engine.py \
+      tests/test_packing.py
     ;;
   newest)
     pip install -q --upgrade -e ".[dev]"

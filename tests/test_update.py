@@ -310,3 +310,13 @@ def test_generation_threads_follow_the_budget_unless_set():
     assert generation_threads(GRPOConfig(max_new_tokens=48), 2) == 1
     assert generation_threads(GRPOConfig(max_new_tokens=138), 2) == 2
     assert generation_threads(GRPOConfig(max_new_tokens=138, generation_threads=1), 2) == 1
+
+
+def test_a_saved_share_prompt_forward_loads_as_the_forward():
+    """config.yaml files written before `--grpo.forward` said `share_prompt_forward`: true
+    lets each step choose (auto), false was a prompt per row (padded)."""
+    from rlvr.config import from_dict
+
+    assert from_dict(GRPOConfig, {"share_prompt_forward": True}).forward == "auto"
+    assert from_dict(GRPOConfig, {"share_prompt_forward": False}).forward == "padded"
+    assert from_dict(GRPOConfig, {"forward": "packed"}).forward == "packed"

@@ -189,6 +189,7 @@ RENAMED_FIELDS: dict[str, str] = {
     "gamma": "critic.gamma",
     "lam": "critic.lam",
     "value_clip": "critic.value_clip",
+    "share_prompt_forward": "forward (auto, padded, shared-prompt or packed)",
     "monitor_every": "monitor.every",
     "monitor_samples": "monitor.samples",
     "monitor_gap": "monitor.gap",
@@ -227,8 +228,9 @@ def upgrade_flat_layout(data: Mapping[str, Any]) -> Mapping[str, Any]:
     the clips of the surrogate named by `surrogate` go into its config (another surrogate's
     flat clips at their defaults, as that layout saved them, are dropped; set to anything else
     they stay, to be refused naming their new place) and each flat family field
-    into its part (`dynamic_sampling: true` -> `dynamic_sampling: {enabled: true}`). A mapping
-    already in the nested layout comes back as it is."""
+    into its part (`dynamic_sampling: true` -> `dynamic_sampling: {enabled: true}`);
+    `share_prompt_forward` becomes `forward` (true: auto, false: padded). A mapping already in
+    the nested layout comes back as it is."""
     flat = [k for k in data if k in _FAMILY_MOVES and not isinstance(data[k], Mapping)]
     flat += [k for k in data if k in RENAMED_FIELDS]
     if not flat and not isinstance(data.get("surrogate"), str):
@@ -250,6 +252,9 @@ def upgrade_flat_layout(data: Mapping[str, Any]) -> Mapping[str, Any]:
             part, leaf = place.split(".")
             value = out.pop(old)
             out[part] = {**(out[part] if isinstance(out.get(part), Mapping) else {}), leaf: value}
+    if "share_prompt_forward" in out:  # true: let each step choose; false: a prompt per row
+        shared = out.pop("share_prompt_forward")
+        out.setdefault("forward", "auto" if shared else "padded")
     return out
 
 
