@@ -4,7 +4,6 @@ reward-hacking comparison, a pipeline's stages and the thinking-budget curve."""
 from __future__ import annotations
 
 import textwrap
-
 from pathlib import Path
 from typing import Any
 
