@@ -5,7 +5,8 @@ tests/data/resolved_recipes.json was written by the code before the change (comm
 where `resolve` applied the recipe a second time and `cli._defaults_given` undid it): each
 entry is the `recipe` and `grpo` of `resolve(parse_lab(ARGV))` or `resolve(LabConfig(recipe=R))`.
 Its flat GRPO fields were then moved, values unchanged, to the nested parts that own them
-(`train.config.RENAMED_FIELDS`), and the case names keep the flags as they were spelt then.
+(`train.config.RENAMED_FIELDS`; `share_prompt_forward: true` became `forward: auto`, what
+`upgrade_flat_layout` makes of it), and the case names keep the flags as they were spelt then.
 """
 
 from __future__ import annotations
