@@ -159,3 +159,30 @@ def test_a_kept_episode_whose_prompt_changed_is_run_from_scratch():
     assert again[0][0] == fresh[0][0]
     kept.retain([])
     assert not kept.kept
+
+
+def test_a_groups_shared_opening_is_prefilled_once():
+    """A first turn whose episodes share their opening (a group) runs one prefill row per
+    distinct opening; greedy replies and log-probs are those of one prefill per episode."""
+    from rlvr.rollout.kv_cache import EpisodeKV
+    from rlvr.rollout.sampler import sample_token_ids
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(TinyModelConfig(), tokenizer, seed=0)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    prompts = [[7, 8, 9]] * 3 + [[20, 21]] * 3
+    rows: list[int] = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True
+    )
+    try:
+        shared = sample_token_ids(
+            model, prompts, 6, 0.0, None, eos, pad, kept=EpisodeKV(), keys=list(range(6))
+        )
+    finally:
+        hook.remove()
+    assert rows[0] == 2  # two distinct openings
+    each = [sample_token_ids(model, [p], 6, 0.0, None, eos, pad)[0] for p in prompts]
+    for (ids_a, logp_a), (ids_b, logp_b) in zip(shared, each):
+        assert ids_a == ids_b
+        torch.testing.assert_close(torch.tensor(logp_a), torch.tensor(logp_b), atol=1e-5, rtol=0)

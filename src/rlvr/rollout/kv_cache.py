@@ -80,6 +80,13 @@ class PreallocatedLayer(DynamicLayer):
             buffer[:rows, :, : self.length] = buffer[indices, :, : self.length]
         self._publish(rows)
 
+    def batch_gather(self, indices: torch.Tensor) -> None:
+        """Row i becomes old row `indices[i]` (a new buffer; rows may repeat)."""
+        if self._keys is None:
+            return
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._publish(len(indices))
+
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("PreallocatedLayer does not crop")
 

@@ -164,15 +164,17 @@ def sample_token_ids(
     after them: the conversation is not run again every turn. Models whose cache is not plain
     full attention (sliding windows, linear attention) run the whole prompt each turn."""
     device = next(model.parameters()).device
-    if kept is None or keys is None or not keeps_positions(decode_cache(model, 1)):
+    if not keeps_positions(decode_cache(model, 1)):
         ids, logprobs = _decode_ids(
             model, prompts, max_new_tokens, temperature, generator, (eos_id, pad_id), device
         )
-    else:
+    else:  # keeping nothing (kept None) still prefills a shared prompt once
+        if keys is None:
+            kept = None
         ids, logprobs = _decode_kept(
             model,
             prompts,
-            keys,
+            keys if keys is not None else list(range(len(prompts))),
             kept,
             max_new_tokens,
             temperature,
@@ -221,7 +223,7 @@ def _decode_kept(
     model: torch.nn.Module,
     prompts: list[list[int]],
     keys: Sequence[Hashable],
-    kept: EpisodeKV,
+    kept: EpisodeKV | None,
     max_new_tokens: int,
     temperature: float,
     generator: torch.Generator | None,
@@ -230,17 +232,24 @@ def _decode_kept(
     """`_decode` for one row per prompt, starting from each row's kept keys and values: the
     cache holds the kept positions (left-padded), the prefill runs only the new tokens
     (left-padded too, so the mask may have holes between them: position ids count real
-    tokens only), and each row's positions are kept again when it leaves the decode batch."""
+    tokens only), and each row's positions are kept again when it leaves the decode batch.
+    A first turn's rows that share a prompt (a group's opening) are prefilled once."""
     device = next(model.parameters()).device
-    kept.retain(keys)
-    lengths = [kept.cached_length(k, p) for k, p in zip(keys, prompts)]
-    new_ids, new_mask = _left_padded([p[c:] for p, c in zip(prompts, lengths)], special[1])
+    if kept is not None:
+        kept.retain(keys)
+    lengths = [kept.cached_length(k, p) if kept else 0 for k, p in zip(keys, prompts)]
+    # rows with nothing kept and the same prompt (a group's first turn) are prefilled once
+    distinct: dict[tuple[int, ...], int] = {}
+    source = [] if any(lengths) else [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+    shared = bool(source) and len(distinct) < len(prompts)
+    rows = [list(p) for p in distinct] if shared else [p[c:] for p, c in zip(prompts, lengths)]
+    new_ids, new_mask = _left_padded(rows, special[1])
     capacity = max(lengths) + new_ids.shape[1] + max_new_tokens
-    if any(lengths):
+    if kept is not None and any(lengths):
         cache, past_mask = kept.cache(keys, lengths, capacity)
     else:
         cache = decode_cache(model, capacity)
-        past_mask = torch.zeros((len(prompts), 0), dtype=torch.long, device=device)
+        past_mask = torch.zeros((len(rows), 0), dtype=torch.long, device=device)
     new_ids, new_mask = new_ids.to(device), new_mask.to(device)
     mask = torch.cat([past_mask.to(device), new_mask], dim=1)
     generator = generator_on(generator, device)
@@ -255,22 +264,34 @@ def _decode_kept(
             use_cache=True,
             logits_to_keep=1,
         )
+        logits = out.logits[:, -1, :].float()
+        if shared:  # each row takes its prompt's keys, values, mask and next-token logits
+            index = torch.tensor(source, dtype=torch.long, device=device)
+            for layer in cache.layers:
+                layer.batch_gather(index)
+            mask, logits = mask[index], logits[index]
 
-        def leave(rows: torch.Tensor, cache_rows: torch.Tensor, at: torch.Tensor) -> None:
+        def leave(rows: torch.Tensor, cache_rows: torch.Tensor, at: torch.Tensor | None) -> None:
+            length = cache.layers[0].get_seq_length()
+            everything = torch.ones(length, dtype=torch.long, device=device)
             for row, cache_row in zip(rows.tolist(), cache_rows.tolist()):
-                kept.keep(keys[row], cache, cache_row, at[cache_row])
+                real = at[cache_row] if at is not None else everything
+                kept.keep(keys[row], cache, cache_row, real)  # type: ignore[union-attr]
+
+        # no padding and no holes (a first turn of equal openings): no mask, SDPA's causal path
+        attention = None if bool(mask.all()) else mask
 
         return _decode_steps(
             model,
             cache,
-            out.logits[:, -1, :].float(),
-            mask,
+            logits,
+            attention,
             mask.sum(dim=1, keepdim=True),
             max_new_tokens,
             temperature,
             generator,
             special,
-            on_leave=leave,
+            on_leave=leave if kept is not None else None,
         )
     finally:
         model.train(was_training)
@@ -347,7 +368,7 @@ def _decode_steps(
     generator: torch.Generator | None,
     special: tuple[int, int],
     drop_finished: bool = True,
-    on_leave: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], None] | None = None,
+    on_leave: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The decode loop after a prefill: one cached forward per token over the rows still
     running. `logits` [N, V] are the prefill's next-token logits, `attention_mask` [N, L] the
