@@ -376,6 +376,24 @@ def test_a_hung_step_times_out_and_a_raising_one_errors_without_stalling_the_bat
     assert metrics["env/error_frac"] == pytest.approx(1 / 3)
 
 
+class HangingCloseEnv(CountEnv):
+    """Closing never returns."""
+
+    def close(self) -> None:
+        time.sleep(3600)
+
+
+def test_closes_that_hang_cost_one_timeout_not_one_per_episode():
+    limits = EpisodeLimits(max_turns=1, max_tokens=20, max_reply_tokens=4, step_timeout_s=0.5)
+    rows = [{"prompt": f"{i}"} for i in range(8)]
+    start = time.monotonic()
+    episodes = run(
+        ScriptedEngine(TOKENIZER, ["7"]), lambda: HangingCloseEnv(1), rows, limits, group_size=2
+    )
+    assert time.monotonic() - start < 3  # 16 episodes: closed side by side, not 16 x 0.5 s
+    assert len(episodes) == 16 and all(e.done for e in episodes)
+
+
 def test_episode_clock_bounds_all_calls():
     class Slow(CountEnv):
         def step(self, reply):

@@ -41,7 +41,7 @@ import torch
 from rlvr.config import UserError
 from rlvr.rollout.kv_cache import EpisodeKV
 from rlvr.rollout.sampler import RolloutBatch
-from rlvr.workers import call_with_timeout, calls_in_parallel
+from rlvr.workers import calls_in_parallel
 
 Message = dict[str, Any]  # {"role": ..., "content": ...}
 
@@ -294,8 +294,8 @@ def run_episodes(
     for e in episodes:
         if not e.done:
             e.status = "max_turns"
-    for env in envs:
-        call_with_timeout(env.close, limits.step_timeout_s)
+    # side by side: a close that hangs costs one timeout, not one per episode
+    calls_in_parallel([env.close for env in envs], [limits.step_timeout_s] * len(envs))
     return episodes
 
 
