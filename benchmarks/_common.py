@@ -138,6 +138,12 @@ def generation_flops(
     return dense + 4 * shape["layers"] * shape["hidden"] * rows * contexts
 
 
+def current_rss_mb() -> float:
+    """Resident memory of this process now (MB)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def peak_rss_mb() -> float:
     """Peak resident memory of this process so far (the kernel's high-water mark)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

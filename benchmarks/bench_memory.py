@@ -55,11 +55,6 @@ def default_model_dir() -> Path:
     return cache_root(None) / "models" / "smollm2-135m-instruct"
 
 
-def current_rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
 def reset_peak_rss() -> bool:
     """Set the kernel's peak-RSS mark (VmHWM) to the current RSS; False where not allowed."""
     try:
@@ -137,7 +132,7 @@ def child(spec: dict) -> dict:
         micro_batch_tokens=0,
         forwards=("padded",),
     )
-    before = current_rss_mb()
+    before = common.current_rss_mb()
     reset = reset_peak_rss()
     if device.type == "cuda":
         torch.cuda.synchronize()

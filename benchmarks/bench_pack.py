@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import os
 import threading
 import time
 
@@ -43,11 +42,6 @@ import _common
 import torch
 
 FORWARDS = ("padded", "shared-prompt", "packed", "auto")
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 class PeakRSS:
@@ -58,7 +52,7 @@ class PeakRSS:
     def __enter__(self) -> PeakRSS:
         gc.collect()
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-        self.start = self.peak = _rss_mb()
+        self.start = self.peak = _common.current_rss_mb()
         self.running = True
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
@@ -66,7 +60,7 @@ class PeakRSS:
 
     def _watch(self) -> None:
         while self.running:
-            self.peak = max(self.peak, _rss_mb())
+            self.peak = max(self.peak, _common.current_rss_mb())
             time.sleep(0.005)
 
     def __exit__(self, *exc) -> None:

@@ -73,7 +73,18 @@ def tiny_llama(vocab: int, seed: int = 0, tie: bool = False, kv_heads: int = 2):
     real attention code (sdpa), in training mode."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    return _tiny(LlamaConfig, LlamaForCausalLM, vocab, seed, kv_heads, tie_word_embeddings=tie)
+
+
+def tiny_qwen2(vocab: int, seed: int = 0):
+    """`tiny_llama`'s shape as Qwen2 (biases on q/k/v, one key/value head)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return _tiny(Qwen2Config, Qwen2ForCausalLM, vocab, seed, 1)
+
+
+def _tiny(config_class, model_class, vocab: int, seed: int, kv_heads: int, **extra):
+    config = config_class(
         vocab_size=vocab,
         hidden_size=32,
         intermediate_size=64,
@@ -81,26 +92,8 @@ def tiny_llama(vocab: int, seed: int = 0, tie: bool = False, kv_heads: int = 2):
         num_attention_heads=4,
         num_key_value_heads=kv_heads,
         max_position_embeddings=64,
-        tie_word_embeddings=tie,
         attn_implementation="sdpa",
+        **extra,
     )
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).train()
-
-
-def tiny_qwen2(vocab: int, seed: int = 0):
-    """`tiny_llama`'s shape as Qwen2 (biases on q/k/v, one key/value head)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(config).train()
+    return model_class(config).train()

@@ -151,8 +151,10 @@ def enable_packing(model: torch.nn.Module) -> None:
             f"this one's is {kind!r}: load it with attn_implementation='sdpa', or use "
             "--grpo.forward padded"
         )
-    _register()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if base.config._attn_implementation == PACKED:  # switched already: every call after the first
+        return
+    _register()
     for module in base.modules():
         config = getattr(module, "config", None)
         if config is not None and getattr(config, "_attn_implementation", None) == "sdpa":
@@ -233,9 +235,13 @@ def completion_logprobs_packed(
             states, head, targets, temperature, chunk_tokens, with_entropy
         )
     else:  # the head runs only at the label positions
-        logits = model(**inputs, logits_to_keep=labels).logits[0]  # [M, V]
-        values, entropy = token_logprobs(logits[None], targets[None], temperature, True)
-        values, entropy = values[0], entropy[0]
+        logits = model(**inputs, logits_to_keep=labels).logits  # [1, M, V]
+        if with_entropy:
+            values, entropy = (
+                x[0] for x in token_logprobs(logits, targets[None], temperature, True)
+            )
+        else:
+            values, entropy = token_logprobs(logits, targets[None], temperature)[0], None
     out = torch.zeros(completion_ids.shape, dtype=torch.float32, device=completion_ids.device)
     logp = out.index_put((rows, cols), values)
     if not with_entropy:

@@ -21,7 +21,13 @@ import torch
 from rlvr.config import UserError
 from rlvr.devices import resolve_precision
 from rlvr.rollout.kv_cache import EpisodeKV
-from rlvr.rollout.sampler import RolloutBatch, rollout_batch, sample_completions, sample_token_ids
+from rlvr.rollout.sampler import (
+    RolloutBatch,
+    padded_rows,
+    rollout_batch,
+    sample_completions,
+    sample_token_ids,
+)
 
 
 class RolloutEngine(Protocol):
@@ -326,9 +332,9 @@ def batch_from_prompt_tokens(
     conditioned on, left-padded here with the pad id) and per-row completion token and
     log-prob lists (N = B * num_samples rows, group-major, right-padded)."""
     pad_id = tokenizer.pad_token_id
-    prompt_ids, prompt_mask = _padded(prompt_tokens, pad_id, torch.long, left=True)
-    ids, _ = _padded(completion_tokens, pad_id, torch.long, left=False)
-    logps, _ = _padded(completion_logprobs, 0.0, torch.float, left=False)
+    prompt_ids, prompt_mask = padded_rows(prompt_tokens, pad_id, torch.long, left=True)
+    ids, _ = padded_rows(completion_tokens, pad_id, torch.long, left=False)
+    logps, _ = padded_rows(completion_logprobs, 0.0, torch.float, left=False)
     return rollout_batch(
         tokenizer,
         prompt_ids.repeat_interleave(num_samples, dim=0),
@@ -338,18 +344,3 @@ def batch_from_prompt_tokens(
         num_samples,
         num_generated=torch.tensor([len(t) for t in completion_tokens]),
     )
-
-
-def _padded(
-    rows: list[list[int]] | list[list[float]], value: float, dtype: torch.dtype, left: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`rows` as one [len(rows), max(1, longest row)] tensor padded with `value` (on the left
-    when `left`), and its long mask, 1 on the rows' own entries."""
-    width = max(1, max((len(r) for r in rows), default=0))
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        span = slice(width - len(row), width) if left else slice(0, len(row))
-        out[i, span] = torch.tensor(row, dtype=dtype)
-        mask[i, span] = 1
-    return out, mask

@@ -100,18 +100,26 @@ def preallocated_cache(num_layers: int, capacity: int) -> Cache:
     return Cache(layers=[PreallocatedLayer(capacity) for _ in range(num_layers)])
 
 
-def decode_cache(model: torch.nn.Module, capacity: int, preallocate: bool = True) -> Cache:
-    """The cache for sampling from `model`: preallocated for `capacity` positions when every
-    layer is plain full attention (Llama, Qwen2/3, Mistral without a window), else Hugging
-    Face's own `DynamicCache` for the model's layer types (sliding windows, linear attention)."""
-    if getattr(model, "config", None) is None:  # not a transformers model: its own default
-        return DynamicCache()
+def full_attention(model: torch.nn.Module) -> bool:
+    """Whether every layer of `model` is plain full attention (Llama, Qwen2/3, Mistral without
+    a window): the models `decode_cache` preallocates for and `EpisodeKV` can keep."""
+    if getattr(model, "config", None) is None:  # not a transformers model
+        return False
     config = model.config.get_text_config(decoder=True)
     layer_types = getattr(config, "layer_types", None) or ["full_attention"]
-    plain = all(t == "full_attention" for t in layer_types) and not getattr(
+    return all(t == "full_attention" for t in layer_types) and not getattr(
         config, "sliding_window", None
     )
-    if preallocate and plain:
+
+
+def decode_cache(model: torch.nn.Module, capacity: int, preallocate: bool = True) -> Cache:
+    """The cache for sampling from `model`: preallocated for `capacity` positions when every
+    layer is plain full attention (`full_attention`), else Hugging Face's own `DynamicCache`
+    for the model's layer types (sliding windows, linear attention)."""
+    if getattr(model, "config", None) is None:  # not a transformers model: its own default
+        return DynamicCache()
+    if preallocate and full_attention(model):
+        config = model.config.get_text_config(decoder=True)
         return preallocated_cache(config.num_hidden_layers, capacity)
     return DynamicCache(config=model.config)
 
@@ -158,7 +166,7 @@ class EpisodeKV:
         width = max(lengths)
         mask = torch.zeros((len(keys), width), dtype=torch.long)
         for i, c in enumerate(lengths):
-            mask[i, width - c :] = 1 if c else 0
+            mask[i, width - c :] = 1  # c = 0: an empty slice
         sample = next(self.kept[k] for k, c in zip(keys, lengths) if c)
         out = preallocated_cache(len(sample.layers), capacity)
         for index, layer in enumerate(out.layers):
@@ -177,14 +185,9 @@ class EpisodeKV:
 
     def keep(self, key: Hashable, cache: Cache, row: int, mask: torch.Tensor) -> None:
         """Copy cache row `row`'s real positions (`mask` [L], 1 on them) out under `key`; the
-        caller sets `ids` once the turn's tokens are known."""
+        sampler sets `ids` once the turn's tokens are known (`sampler._decode_kept`)."""
         real = mask.bool()
         layers = [
             (x.keys[row][:, real].clone(), x.values[row][:, real].clone()) for x in cache.layers
         ]
         self.kept[key] = _Kept(layers=layers, length=int(real.sum()), ids=[])
-
-
-def keeps_positions(cache: Cache) -> bool:
-    """True when `cache` is one `EpisodeKV` can fill (every layer a `PreallocatedLayer`)."""
-    return bool(cache.layers) and all(isinstance(x, PreallocatedLayer) for x in cache.layers)

@@ -17,7 +17,7 @@ import torch
 
 from rlvr.devices import generator_on
 from rlvr.models.logprobs import cache_argument, position_ids_from_mask
-from rlvr.rollout.kv_cache import EpisodeKV, decode_cache, keeps_positions
+from rlvr.rollout.kv_cache import EpisodeKV, decode_cache, full_attention
 from rlvr.workers import map_in_threads
 
 
@@ -163,19 +163,25 @@ def sample_token_ids(
     row's keys and values are kept after its turn and the next call prefills only the tokens
     after them: the conversation is not run again every turn. Models whose cache is not plain
     full attention (sliding windows, linear attention) run the whole prompt each turn."""
-    device = next(model.parameters()).device
-    if not keeps_positions(decode_cache(model, 1)):
-        ids, logprobs = _decode_ids(
-            model, prompts, max_new_tokens, temperature, generator, (eos_id, pad_id), device
+    if not full_attention(model):
+        device = next(model.parameters()).device
+        prompt_ids, prompt_mask = padded_rows(prompts, pad_id, torch.long, left=True)
+        ids, logprobs = _decode(
+            model,
+            prompt_ids.to(device),
+            prompt_mask.to(device),
+            1,
+            max_new_tokens,
+            temperature,
+            generator,
+            (eos_id, pad_id),
         )
-    else:  # keeping nothing (kept None) still prefills a shared prompt once
-        if keys is None:
-            kept = None
+    else:  # keeping nothing (no keys) still prefills a shared prompt once
         ids, logprobs = _decode_kept(
             model,
             prompts,
             keys if keys is not None else list(range(len(prompts))),
-            kept,
+            kept if keys is not None else None,
             max_new_tokens,
             temperature,
             generator,
@@ -185,38 +191,22 @@ def sample_token_ids(
     for row_ids, row_logprobs in zip(ids.tolist(), logprobs.tolist()):
         k = row_ids.index(eos_id) + 1 if eos_id in row_ids else len(row_ids)
         out.append((row_ids[:k], row_logprobs[:k]))
-    if kept is not None and keys is not None:
-        for key, prompt, (row_ids, _) in zip(keys, prompts, out):
-            if key in kept.kept:
-                cached = kept.kept[key]
-                cached.ids = (prompt + row_ids)[: cached.length]
     return out
 
 
-def _left_padded(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids [len(rows), longest], long mask) of `rows` left-padded with `pad_id`."""
-    width = max(1, max(len(r) for r in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+def padded_rows(
+    rows: list[list[int]] | list[list[float]], value: float, dtype: torch.dtype, left: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` as one [len(rows), max(1, longest row)] tensor padded with `value` (on the left
+    when `left`), and its long mask, 1 on the rows' own entries."""
+    width = max(1, max((len(r) for r in rows), default=0))
+    out = torch.full((len(rows), width), value, dtype=dtype)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        if r:
-            ids[i, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, width - len(r) :] = 1
-    return ids, mask
-
-
-def _decode_ids(model, prompts, max_new_tokens, temperature, generator, special, device):
-    prompt_ids, prompt_mask = _left_padded(prompts, special[1])
-    return _decode(
-        model,
-        prompt_ids.to(device),
-        prompt_mask.to(device),
-        1,
-        max_new_tokens,
-        temperature,
-        generator,
-        special,
-    )
+    for i, row in enumerate(rows):
+        span = slice(width - len(row), width) if left else slice(0, len(row))
+        out[i, span] = torch.tensor(row, dtype=dtype)
+        mask[i, span] = 1
+    return out, mask
 
 
 def _decode_kept(
@@ -243,7 +233,7 @@ def _decode_kept(
     source = [] if any(lengths) else [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
     shared = bool(source) and len(distinct) < len(prompts)
     rows = [list(p) for p in distinct] if shared else [p[c:] for p, c in zip(prompts, lengths)]
-    new_ids, new_mask = _left_padded(rows, special[1])
+    new_ids, new_mask = padded_rows(rows, special[1], torch.long, left=True)
     capacity = max(lengths) + new_ids.shape[1] + max_new_tokens
     if kept is not None and any(lengths):
         cache, past_mask = kept.cache(keys, lengths, capacity)
@@ -281,7 +271,7 @@ def _decode_kept(
         # no padding and no holes (a first turn of equal openings): no mask, SDPA's causal path
         attention = None if bool(mask.all()) else mask
 
-        return _decode_steps(
+        ids, logprobs = _decode_steps(
             model,
             cache,
             logits,
@@ -295,6 +285,11 @@ def _decode_kept(
         )
     finally:
         model.train(was_training)
+    if kept is not None:  # the ids each kept row's keys and values were computed from
+        for key, prompt, sampled in zip(keys, prompts, ids.tolist()):
+            entry = kept.kept[key]
+            entry.ids = (prompt + sampled)[: entry.length]
+    return ids, logprobs
 
 
 def _decode(

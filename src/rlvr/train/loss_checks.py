@@ -65,7 +65,7 @@ from rlvr.rollout.sampler import RolloutBatch
 from rlvr.train import update
 from rlvr.train.config import AdvantageInputs, Distill, GRPOConfig, StepPlan, build_plan
 from rlvr.train.distributed import DistContext
-from rlvr.train.strategy import make_strategy
+from rlvr.train.strategy import make_strategy, rank_forwards
 from rlvr.workers import torch_threads
 
 CHECK_MAX_NEW_TOKENS = 48
@@ -326,10 +326,7 @@ def _step_gradient(
         skip_zero_advantage=skip,
         workers=ranks or workers,
         micro_batch_tokens=micro_batch_tokens,
-        # as `Learner.plan_update`: ranks take no shared-prompt forward (`Strategy.forwards`)
-        forwards=plan.forwards
-        if not ranks
-        else tuple(f for f in plan.forwards if f != "shared-prompt") or ("padded",),
+        forwards=rank_forwards(plan.forwards) if ranks else plan.forwards,  # as the Learner's
     )
     contexts = [DistContext(r, ranks, r, torch.device("cpu"), "gloo") for r in range(ranks)]
     params = [p for p in policy.parameters() if p.requires_grad]

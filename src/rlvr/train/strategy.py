@@ -289,9 +289,8 @@ class FSDP2Strategy:
         return 0
 
     def forwards(self, forwards: tuple[str, ...]) -> tuple[str, ...]:
-        """`forwards` without the shared-prompt forward, which calls the decoder outside the
-        root module's FSDP hooks too (padded when nothing else is left)."""
-        return tuple(f for f in forwards if f != "shared-prompt") or ("padded",)
+        """`rank_forwards(forwards)`."""
+        return rank_forwards(forwards)
 
     def check_async(self, async_steps: int) -> None:
         """`ConfigError` for `async_steps > 0`: not built for several ranks yet."""
@@ -431,6 +430,12 @@ def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) 
         return {"model": get_model_state_dict(model)}
     model_state, optimizer_state = get_state_dict(model, optimizer)
     return {"model": model_state, "optimizer": optimizer_state}
+
+
+def rank_forwards(forwards: tuple[str, ...]) -> tuple[str, ...]:
+    """The loss's forwards FSDP2 ranks can run: `forwards` without the shared-prompt one, which
+    calls the decoder outside the root module's FSDP hooks (padded when nothing is left)."""
+    return tuple(f for f in forwards if f != "shared-prompt") or ("padded",)
 
 
 def make_strategy(ctx: DistContext | None) -> LocalStrategy | FSDP2Strategy:

@@ -200,18 +200,10 @@ def tokens_needed(
     if forward != "shared-prompt":
         return sum(int((prompt_lengths[p] + completion_lengths[p]).sum()) for p in parts)
     total = 0
-    for part in parts:
-        _, first = _first_of_each(group_ids[part])
-        total += int(prompt_lengths[part][first].sum() + completion_lengths[part].sum())
+    for part in parts:  # a group's rows share one prompt, so one prompt length per group
+        prompts = dict(zip(group_ids[part].tolist(), prompt_lengths[part].tolist()))
+        total += sum(prompts.values()) + int(completion_lengths[part].sum())
     return total
-
-
-def _first_of_each(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the distinct values of `groups`, the index of each one's first occurrence)."""
-    values, inverse = torch.unique(groups, return_inverse=True)
-    first = torch.full((len(values),), len(groups), dtype=torch.long)
-    first = first.scatter_reduce(0, inverse, torch.arange(len(groups)), "amin")
-    return values, first
 
 
 def forward_cost(
